@@ -1,0 +1,117 @@
+"""The generation-engine contract shared by the transformers and vLLM engines.
+
+An engine turns a prompt (token ids) into sampled token ids plus the sampler's own behaviour
+log-probability of each sampled token, batched across concurrent callers. Weight updates arrive with
+a new policy version; in-flight requests are interrupted at the next token boundary, the weights are
+swapped, and each request continues from its prefix (partial-rollout continuation). The output
+reports which version sampled every token and which version computed the prefix it continued from.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+import torch
+
+
+class ContinuationMode(str, enum.Enum):
+    """What happens to an in-flight request's KV cache when new weights arrive.
+
+    KEEP: keep the cache computed by the older weights (``prefix_version < version`` afterwards).
+    RECOMPUTE: recompute the prefix under the new weights (``prefix_version == version``).
+    """
+
+    KEEP = "keep"
+    RECOMPUTE = "recompute"
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Sampling settings for one request.
+
+    Attributes:
+        max_new_tokens: Budget of sampled tokens for this request (tokens).
+        temperature: Softmax temperature; the behaviour log-probabilities are those of the processed
+            (temperature-scaled, top-p-truncated) distribution actually sampled from.
+        top_p: Nucleus mass in (0, 1].
+        stop_token_ids: Sampling stops after any of these (the chat template's end of turn); the stop
+            token is included in the output.
+        seed: Per-request seed; None draws from the engine's generator.
+    """
+
+    max_new_tokens: int = 512
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop_token_ids: tuple[int, ...] = ()
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class TokenSpan:
+    """A run of output tokens sampled under one version: ``num_tokens`` tokens, ``version``, ``prefix_version``."""
+
+    num_tokens: int
+    version: int
+    prefix_version: int
+
+
+@dataclass(frozen=True)
+class GenerationOutput:
+    """The result of one request.
+
+    Attributes:
+        token_ids: ``(n,)`` sampled ids, the stop token included when one was sampled.
+        logprobs: ``(n,)`` behaviour log-probability (nats) of each sampled id.
+        spans: Version runs covering ``token_ids`` in order (their ``num_tokens`` sum to ``n``).
+        finish_reason: ``"stop"`` (a stop token), ``"length"`` (``max_new_tokens`` or context limit).
+        truncated_context: True when the request hit the model's context length.
+    """
+
+    token_ids: list[int]
+    logprobs: list[float]
+    spans: list[TokenSpan] = field(default_factory=list)
+    finish_reason: str = "stop"
+    truncated_context: bool = False
+
+
+@runtime_checkable
+class GenerationEngine(Protocol):
+    """What the rollout loop needs from an engine. Implementations: ``TransformersEngine``, ``VLLMEngine``."""
+
+    @property
+    def version(self) -> int:
+        """The policy version of the weights now serving requests."""
+        ...
+
+    @property
+    def max_context_tokens(self) -> int:
+        """Longest prompt + output the model accepts (tokens)."""
+        ...
+
+    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> GenerationOutput:
+        """Sample a continuation of ``prompt_ids``.
+
+        Raises:
+            agentenv.errors.EngineError: The engine died or the request cannot be served.
+        """
+        ...
+
+    async def update_weights(self, weights: Mapping[str, torch.Tensor] | Path, version: int) -> None:
+        """Swap in new weights (a state dict or a safetensors file) as policy ``version``.
+
+        In-flight requests are interrupted at the next token boundary and continue from their prefix
+        according to the engine's :class:`ContinuationMode`.
+
+        Raises:
+            agentenv.errors.WeightUpdateError: The weights could not be loaded; the engine keeps the
+                previous version and keeps serving.
+        """
+        ...
+
+    async def close(self) -> None:
+        """Stop the engine and free its memory. Safe to call twice."""
+        ...

@@ -1,0 +1,63 @@
+"""One exception hierarchy for agentenv.
+
+Every error agentenv raises on purpose derives from :class:`AgentEnvError`, so a caller can catch the
+whole family with one clause and tell our errors from bugs. Errors that are also a standard kind of
+error (a bad value, a missing key) inherit from the matching built-in too.
+"""
+
+from __future__ import annotations
+
+
+class AgentEnvError(Exception):
+    """Base class of every error agentenv raises on purpose."""
+
+
+class ConfigError(AgentEnvError, ValueError):
+    """A configuration value has the wrong type, is out of range, or contradicts another value."""
+
+
+class RegistrationError(AgentEnvError):
+    """An environment id is registered twice, or its entry point cannot be loaded."""
+
+
+class EnvNotFound(RegistrationError, KeyError):
+    """``make(id)`` was called with an id that is not registered (the message lists the known ids)."""
+
+    def __str__(self) -> str:  # KeyError quotes its message; keep it readable.
+        return str(self.args[0]) if self.args else ""
+
+
+class ResetNeeded(AgentEnvError):
+    """``step`` was called before ``reset`` or after the episode ended."""
+
+
+class ClosedError(AgentEnvError):
+    """An environment, sandbox or engine was used after ``close()``."""
+
+
+class SandboxError(AgentEnvError):
+    """A sandbox backend cannot be started or is not available on this machine."""
+
+
+class EngineError(AgentEnvError):
+    """A generation engine failed (died mid-generation, or was asked for something it cannot do)."""
+
+
+class WeightUpdateError(EngineError):
+    """New weights could not be loaded; the engine keeps serving its previous policy version."""
+
+
+class TemplateError(AgentEnvError):
+    """A chat template broke the token-in-token-out prefix property and the turn cannot be appended."""
+
+
+class DataError(AgentEnvError, ValueError):
+    """A data set, game file or trajectory is missing, malformed, or holds invalid values."""
+
+
+class CheckpointError(AgentEnvError):
+    """A checkpoint cannot be written or read (truncated, corrupt, or from another run)."""
+
+
+class RunFolderError(AgentEnvError):
+    """A run folder already holds a run and ``--overwrite`` was not given."""

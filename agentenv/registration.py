@@ -1,0 +1,153 @@
+"""The environment registry: ``register`` / ``make`` in the manner of Gymnasium's.
+
+Built-in environments are registered lazily by import path, so importing agentenv loads none of
+them. Other installed packages add environments through the ``agentenv.envs`` entry-point group:
+each entry point names a callable that calls :func:`register` (see ``examples/``). Plugins load the
+first time the registry is read.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentenv.core import Env
+from agentenv.errors import EnvNotFound, RegistrationError
+
+logger = logging.getLogger(__name__)
+
+ENTRY_POINT_GROUP = "agentenv.envs"
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """How to build one registered environment.
+
+    Attributes:
+        id: Registry id, ``name`` or ``namespace/Name-vN``.
+        entry_point: ``"package.module:ClassOrFactory"`` or the callable itself.
+        kwargs: Default constructor arguments; ``make`` overrides them key by key.
+        description: One line shown by ``agentenv envs``.
+    """
+
+    id: str
+    entry_point: str | Callable[..., Env]
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    description: str = ""
+
+    def load(self) -> Callable[..., Env]:
+        """Import and return the entry point.
+
+        Raises:
+            RegistrationError: The module or attribute cannot be imported.
+        """
+        if callable(self.entry_point):
+            return self.entry_point
+        module_name, _, attr = self.entry_point.partition(":")
+        if not attr:
+            raise RegistrationError(f"entry point {self.entry_point!r} of {self.id!r} must be 'module:attr'")
+        try:
+            return getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as exc:
+            raise RegistrationError(f"cannot load {self.id!r} from {self.entry_point!r}: {exc}") from exc
+
+
+registry: dict[str, EnvSpec] = {}
+_plugins_loaded = False
+
+
+def register(
+    id: str,
+    entry_point: str | Callable[..., Env],
+    *,
+    description: str = "",
+    **kwargs: Any,
+) -> EnvSpec:
+    """Register an environment under ``id``.
+
+    Args:
+        id: Unique id. Put variants (difficulty, data set) in ``kwargs``, not in new ids.
+        entry_point: ``"module:Class"`` or a callable returning an :class:`~agentenv.core.Env`.
+        description: One line for ``agentenv envs``.
+        **kwargs: Default constructor arguments.
+
+    Raises:
+        RegistrationError: ``id`` is already registered.
+    """
+    if id in registry:
+        raise RegistrationError(f"environment id {id!r} is already registered ({registry[id].entry_point!r})")
+    spec = EnvSpec(id=id, entry_point=entry_point, kwargs=dict(kwargs), description=description)
+    registry[id] = spec
+    return spec
+
+
+def load_plugins(*, force: bool = False) -> list[str]:
+    """Run the ``agentenv.envs`` entry points of installed packages once.
+
+    A plugin that fails to load is logged and skipped; the others still load.
+
+    Returns:
+        Names of the entry points that loaded.
+    """
+    global _plugins_loaded
+    if _plugins_loaded and not force:
+        return []
+    _plugins_loaded = True
+    loaded = []
+    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            hook = ep.load()
+            if callable(hook):
+                hook()
+            loaded.append(ep.name)
+        except Exception as exc:  # a broken plugin must not break the registry
+            logger.warning("agentenv plugin %r failed to load: %s", ep.name, exc)
+    return loaded
+
+
+def spec(id: str) -> EnvSpec:
+    """Return the :class:`EnvSpec` registered under ``id``.
+
+    Raises:
+        EnvNotFound: ``id`` is not registered; the message lists the registered ids.
+    """
+    load_plugins()
+    try:
+        return registry[id]
+    except KeyError:
+        known = ", ".join(sorted(registry)) or "none"
+        raise EnvNotFound(f"no environment {id!r} is registered (registered: {known})") from None
+
+
+def make(id: str, **kwargs: Any) -> Env:
+    """Build the environment registered as ``id``; ``kwargs`` override the registered defaults.
+
+    Raises:
+        EnvNotFound: ``id`` is not registered.
+        RegistrationError: The entry point cannot be imported.
+    """
+    env_spec = spec(id)
+    env = env_spec.load()(**{**env_spec.kwargs, **kwargs})
+    if not isinstance(env, Env):
+        raise RegistrationError(f"{id!r} built {type(env).__name__}, which is not an agentenv Env")
+    return env
+
+
+def _register_builtins() -> None:
+    register(
+        "python_tool",
+        "agentenv.envs.python_tool:PythonToolEnv",
+        description="Math problems solved with a sandboxed Python tool; reward 1 for a correct \\boxed{} answer.",
+    )
+    register(
+        "alfworld",
+        "agentenv.envs.alfworld:AlfWorldEnv",
+        description="ALFWorld household text games (TextWorld); reward 1 on a won game.",
+    )
+
+
+_register_builtins()
