@@ -1,0 +1,178 @@
+"""The agent loop: one coroutine per episode, token in and token out.
+
+``run_episode`` plays one episode: reset the environment, render the first observation with the
+chat template, then alternate engine generation and environment steps until the episode is
+terminated, truncated, or out of its turn or token budget. The trajectory keeps the exact ids the
+engine conditioned on and produced; observations are appended as template-rendered token deltas,
+never by re-tokenizing decoded model text. Failures are recorded on the trajectory instead of
+raised, so one broken episode never stops a run.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from agentenv.core import Env
+from agentenv.engines.base import GenerationEngine, GenerationOutput, SamplingParams
+from agentenv.errors import ConfigError, EngineError, TemplateError
+from agentenv.trajectory import Trajectory
+
+logger = logging.getLogger(__name__)
+
+
+class Renderer(Protocol):
+    """What the loop needs from the chat renderer (``agentenv.chat.ChatRenderer``)."""
+
+    stop_token_ids: tuple[int, ...]
+
+    def initial_prompt(self, user_text: str, *, system: str | None = None, tools: Any = ()) -> list[int]:
+        """Token ids of the first prompt, ending with the assistant generation prompt."""
+        ...
+
+    def observation_tokens(self, role: str, content: str) -> list[int]:
+        """Token ids appended after a finished assistant turn: the message, then the next assistant prompt."""
+        ...
+
+    def decode(self, ids: list[int]) -> str:
+        """Text of sampled ids for the environment (special tokens dropped)."""
+        ...
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    """Budgets and sampling of one episode.
+
+    Attributes:
+        max_turns: Assistant turns per episode; the episode is truncated after this many.
+        max_new_tokens_per_turn: Sampled tokens per assistant turn (tokens).
+        max_total_tokens: Policy plus observation tokens after the first prompt (tokens); the
+            episode is truncated when the budget is spent.
+        temperature: Sampling temperature (the paper's default is 1).
+        top_p: Nucleus mass in (0, 1] (the paper's default is 1).
+    """
+
+    max_turns: int = 4
+    max_new_tokens_per_turn: int = 256
+    max_total_tokens: int = 1024
+    temperature: float = 1.0
+    top_p: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.max_turns < 1:
+            raise ConfigError(f"max_turns must be >= 1, got {self.max_turns}")
+        if self.max_new_tokens_per_turn < 1 or self.max_total_tokens < 1:
+            raise ConfigError("token budgets must be >= 1")
+        if self.temperature <= 0:
+            raise ConfigError(f"temperature must be > 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
+
+
+def _append_output(traj: Trajectory, out: GenerationOutput) -> None:
+    """Append an engine output to ``traj``, one segment piece per version span."""
+    if not out.spans:
+        raise EngineError("engine returned tokens without version spans")
+    pos = 0
+    for span in out.spans:
+        end = pos + span.num_tokens
+        traj.append_policy_tokens(out.token_ids[pos:end], out.logprobs[pos:end], span.version, span.prefix_version)
+        pos = end
+    if pos != len(out.token_ids):
+        raise EngineError(f"version spans cover {pos} of {len(out.token_ids)} tokens")
+
+
+async def run_episode(
+    env: Env,
+    engine: GenerationEngine,
+    renderer: Renderer,
+    cfg: RolloutConfig,
+    *,
+    seed: int | None = None,
+    options: Mapping[str, Any] | None = None,
+    version_fn: Callable[[], int] | None = None,
+) -> Trajectory:
+    """Play one episode and return its :class:`~agentenv.trajectory.Trajectory`.
+
+    Args:
+        env: A fresh or reusable environment (it is reset here, not closed).
+        engine: Generates the policy tokens and reports their versions.
+        renderer: Chat template renderer of the engine's tokenizer.
+        cfg: Budgets and sampling settings.
+        seed: Passed to ``env.reset``; picks the task reproducibly.
+        options: Passed to ``env.reset``.
+        version_fn: Returns the learner's current policy version (start and completion versions);
+            defaults to the engine's version.
+
+    Returns:
+        The trajectory. ``status`` is ``"error"`` (with ``info["error"]``) when the environment or
+        the engine raised; ``info["truncation"]`` names the budget that cut the episode, if any;
+        ``info["turns"]`` counts assistant turns. This function does not raise for those.
+    """
+    current_version = version_fn or (lambda: engine.version)
+    traj = Trajectory(start_version=current_version(), start_time=time.time())
+    info: dict[str, Any] = {"turns": 0, "truncation": None}
+    try:
+        obs, reset_info = await env.reset(seed=seed, options=options)
+        info.update(reset_info)
+        traj.task_id = str(reset_info.get("task_id", seed))
+        prompt = renderer.initial_prompt(obs, system=env.system_prompt, tools=list(env.tools))
+        traj.append_environment_tokens(prompt)
+        traj.prompt_length = len(prompt)
+        generated_budget_start = len(traj.token_ids)
+        while True:
+            used = len(traj.token_ids) - generated_budget_start
+            context_left = engine.max_context_tokens - len(traj.token_ids)
+            budget = min(cfg.max_new_tokens_per_turn, cfg.max_total_tokens - used, context_left)
+            if budget <= 0:
+                info["truncation"] = "context" if context_left <= 0 else "max_total_tokens"
+                break
+            params = SamplingParams(
+                max_new_tokens=budget,
+                temperature=cfg.temperature,
+                top_p=cfg.top_p,
+                stop_token_ids=tuple(renderer.stop_token_ids),
+            )
+            out = await engine.generate(traj.token_ids, params)
+            _append_output(traj, out)
+            info["turns"] += 1
+            reply = renderer.decode(out.token_ids)
+            result = await env.step(reply)
+            traj.reward += float(result.reward)
+            info.update(result.info)
+            if result.terminated or result.truncated:
+                if result.truncated:
+                    info["truncation"] = "env"
+                break
+            if out.truncated_context:
+                info["truncation"] = "context"
+                break
+            if info["turns"] >= cfg.max_turns:
+                info["truncation"] = "max_turns"
+                break
+            closing = [] if out.token_ids and out.token_ids[-1] in renderer.stop_token_ids else None
+            if closing is None:
+                # The turn was cut by the per-turn budget before its end-of-turn token: the
+                # template's delta assumes a closed turn, so the episode ends here.
+                info["truncation"] = "max_new_tokens_per_turn"
+                break
+            obs_ids = renderer.observation_tokens(env.observation_role, result.observation)
+            if len(traj.token_ids) + len(obs_ids) >= engine.max_context_tokens:
+                info["truncation"] = "context"
+                break
+            traj.append_environment_tokens(obs_ids)
+    except (EngineError, TemplateError) as exc:
+        traj.status = "error"
+        info["error"] = f"{type(exc).__name__}: {exc}"
+        logger.warning("episode %s failed: %s", traj.id, info["error"])
+    except Exception as exc:  # an environment that raises ends only its own episode
+        traj.status = "error"
+        info["error"] = f"{type(exc).__name__}: {exc}"
+        logger.warning("episode %s: environment raised %s", traj.id, info["error"])
+    traj.completion_version = current_version()
+    traj.completion_time = time.time()
+    traj.info = info
+    return traj
