@@ -1,0 +1,197 @@
+"""Tool calls parsed from a model's reply text.
+
+A parser turns one assistant reply into the calls it makes and the calls it botched. A botched call
+is not an exception: it becomes a :class:`ToolCallError` that the environment shows the model as an
+error observation, so a malformed call costs the episode a turn, never the trainer a crash.
+
+:class:`HermesToolCallParser` reads the Hermes / Qwen2.5 format::
+
+    <tool_call>
+    {"name": "python", "arguments": {"code": "print(1)"}}
+    </tool_call>
+
+It is lenient where models are sloppy in practice (DESIGN.md, "Known pitfalls"):
+
+* raw line breaks and tabs inside JSON strings are accepted (``json.loads(strict=False)``);
+* ``arguments`` may be a JSON object or a string holding one (``"parameters"`` is read as an alias);
+* ``</tool_call>`` inside a JSON string (e.g. in code) does not end the call: the JSON object is
+  scanned with a string-aware brace matcher;
+* a missing ``</tool_call>`` is accepted when a complete JSON object is followed only by whitespace
+  up to the end of the reply (the model stopped at its end-of-turn token); otherwise it is an error;
+* malformed JSON, a missing ``name`` or non-object ``arguments`` give a :class:`ToolCallError`;
+* JSON in ordinary prose without the ``<tool_call>`` tag is not a call.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+OPEN_TAG = "<tool_call>"
+CLOSE_TAG = "</tool_call>"
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One well-formed tool call.
+
+    Attributes:
+        name: Tool name as the model wrote it (not checked against the available tools here).
+        arguments: The call's arguments, decoded to a dict.
+    """
+
+    name: str
+    arguments: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ToolCallError:
+    """A call the model attempted but that could not be parsed.
+
+    Attributes:
+        message: Why it failed, phrased for the model (it is shown as an observation).
+        raw: The offending text (the tag's content), for logs and the observation.
+    """
+
+    message: str
+    raw: str
+
+
+@dataclass(frozen=True)
+class ParsedReply:
+    """What a parser found in one reply.
+
+    Attributes:
+        calls: Well-formed calls, in the order they appear.
+        errors: Attempted calls that failed to parse, in order.
+        content: The reply with every tool-call block removed (the model's prose).
+    """
+
+    calls: tuple[ToolCall, ...] = ()
+    errors: tuple[ToolCallError, ...] = ()
+    content: str = ""
+
+    @property
+    def attempted(self) -> bool:
+        """True when the reply tried to call a tool (well-formed or not)."""
+        return bool(self.calls or self.errors)
+
+
+@runtime_checkable
+class ToolCallParser(Protocol):
+    """Turns a reply into tool calls; never raises on model text."""
+
+    def parse(self, text: str) -> ParsedReply:
+        """Return the calls and errors found in ``text``."""
+        ...
+
+
+def _scan_json_object(text: str, start: int) -> int | None:
+    """Return the index one past the ``}`` closing the object that opens at ``text[start]``.
+
+    Braces inside JSON strings (with backslash escapes) are ignored. Returns None when the object
+    is not closed before the end of ``text``.
+    """
+    depth = 0
+    in_string = False
+    escaped = False
+    for i in range(start, len(text)):
+        c = text[i]
+        if in_string:
+            if escaped:
+                escaped = False
+            elif c == "\\":
+                escaped = True
+            elif c == '"':
+                in_string = False
+        elif c == '"':
+            in_string = True
+        elif c in "{[":
+            depth += 1
+        elif c in "}]":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+    return None
+
+
+def _decode_call(raw: str) -> ToolCall | ToolCallError:
+    """Decode one tag's JSON body into a call or an error."""
+    try:
+        obj = json.loads(raw, strict=False)
+    except json.JSONDecodeError as exc:
+        return ToolCallError(f"tool call is not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})", raw)
+    if not isinstance(obj, dict):
+        return ToolCallError("tool call must be a JSON object with 'name' and 'arguments'", raw)
+    name = obj.get("name")
+    if not isinstance(name, str) or not name.strip():
+        return ToolCallError("tool call has no 'name' string", raw)
+    args: Any = obj.get("arguments", obj.get("parameters", {}))
+    if isinstance(args, str):
+        try:
+            args = json.loads(args, strict=False) if args.strip() else {}
+        except json.JSONDecodeError as exc:
+            return ToolCallError(f"'arguments' is a string that is not valid JSON: {exc.msg}", raw)
+    if args is None:
+        args = {}
+    if not isinstance(args, dict):
+        return ToolCallError("'arguments' must be a JSON object", raw)
+    return ToolCall(name=name.strip(), arguments=args)
+
+
+class HermesToolCallParser:
+    """Parser for ``<tool_call>{json}</tool_call>`` blocks (Hermes, Qwen2.5, Qwen3).
+
+    See the module docstring for what is accepted leniently and what becomes an error.
+    """
+
+    def parse(self, text: str) -> ParsedReply:
+        """Return the calls, errors and remaining prose of ``text``."""
+        calls: list[ToolCall] = []
+        errors: list[ToolCallError] = []
+        prose: list[str] = []
+        pos = 0
+        while True:
+            open_at = text.find(OPEN_TAG, pos)
+            if open_at < 0:
+                prose.append(text[pos:])
+                break
+            prose.append(text[pos:open_at])
+            body_start = open_at + len(OPEN_TAG)
+            pos = self._parse_one(text, body_start, calls, errors)
+        return ParsedReply(tuple(calls), tuple(errors), "".join(prose).strip())
+
+    @staticmethod
+    def _parse_one(text: str, body_start: int, calls: list[ToolCall], errors: list[ToolCallError]) -> int:
+        """Parse the block whose body starts at ``body_start``; return where scanning resumes."""
+        close_at = text.find(CLOSE_TAG, body_start)
+        i = body_start
+        while i < len(text) and text[i].isspace():
+            i += 1
+        end = _scan_json_object(text, i) if i < len(text) and text[i] == "{" else None
+        if end is not None:
+            rest = end
+            while rest < len(text) and text[rest].isspace():
+                rest += 1
+            if text.startswith(CLOSE_TAG, rest):
+                calls_or_err = _decode_call(text[i:end])
+                (calls if isinstance(calls_or_err, ToolCall) else errors).append(calls_or_err)  # type: ignore[arg-type]
+                return rest + len(CLOSE_TAG)
+            if rest == len(text):  # lenient: complete object, then only the end of the reply
+                calls_or_err = _decode_call(text[i:end])
+                (calls if isinstance(calls_or_err, ToolCall) else errors).append(calls_or_err)  # type: ignore[arg-type]
+                return rest
+        # Not a clean object followed by the closing tag: report the block as malformed.
+        if close_at < 0:
+            raw = text[body_start:].strip()
+            errors.append(ToolCallError("tool call is not closed with </tool_call> and is not a complete JSON object", raw))
+            return len(text)
+        raw = text[body_start:close_at].strip()
+        decoded = _decode_call(raw)
+        if isinstance(decoded, ToolCall):  # e.g. text after the object inside the tags
+            errors.append(ToolCallError("unexpected text after the JSON object inside <tool_call>", raw))
+        else:
+            errors.append(decoded)
+        return close_at + len(CLOSE_TAG)
