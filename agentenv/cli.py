@@ -1,0 +1,46 @@
+"""The ``agentenv`` command: one subcommand per job, each implemented in its own module.
+
+Subcommands import their module only when chosen, so ``agentenv envs`` never loads torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+#: subcommand -> ("module:function", one-line help). Each function takes ``argv`` and returns an exit code.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "train": ("agentenv.trainer.recipe:main", "train a model with asynchronous RL (FlashREINFORCE + PACE)"),
+    "eval": ("agentenv.evaluation:main", "evaluate a model on an environment (e.g. ALFWorld seen/unseen)"),
+    "compare": ("agentenv.trainer.compare:main", "run one recipe in sync and async modes; print a table"),
+    "envs": ("agentenv.registration_cli:list_envs_main", "list the registered environments"),
+    "sandbox": ("agentenv.sandboxes.cli:main", "sandbox tools: build-image, info"),
+    "simulate": ("agentenv.simulator:main", "simulate the asynchronous pipeline under each staleness policy"),
+    "alfworld-oracle": ("agentenv.envs.alfworld.oracle:oracle_main", "replay ALFWorld walkthroughs (sanity check)"),
+}
+
+
+def _usage() -> str:
+    lines = ["usage: agentenv <command> [options]", "", "commands:"]
+    lines += [f"  {name:<16} {help_}" for name, (_, help_) in COMMANDS.items()]
+    lines += ["", "Run 'agentenv <command> --help' for a command's options."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``agentenv`` console script."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help", "help"):
+        print(_usage())
+        return 0
+    name, rest = args[0], args[1:]
+    if name not in COMMANDS:
+        print(f"agentenv: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    module_name, _, func_name = COMMANDS[name][0].partition(":")
+    func = getattr(importlib.import_module(module_name), func_name)
+    return int(func(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
