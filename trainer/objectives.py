@@ -1,0 +1,607 @@
+"""Policy-gradient objectives: FlashREINFORCE (the method) and GRPO (the comparison baseline).
+
+This is the ONE implementation of both losses; the single-process learner (``trainer/learner.py``)
+and the OpenRLHF/DeepSpeed backend (``trainer/openrlhf_backend.py``) both call it.
+
+Tensor legend (every function below uses it):
+
+* ``b``: rows in this call (a micro-batch or a rank's shard; ``b <= B``).
+* ``B``: rows in the whole fresh batch (the *global* batch size, passed in explicitly).
+* ``t``: padded token positions per row (label positions, i.e. position ``j`` holds the
+  log-probability of token ``j`` given tokens ``< j``; how the positions are aligned is the
+  caller's business as long as all per-token inputs share it).
+* ``T_i``: row ``i``'s number of policy tokens in the whole trajectory (``lengths[i]``).
+
+Per-token inputs are ``(b, t)``; padding and environment tokens have ``mask == False`` and may hold
+any value, NaN and inf included: they are removed with :func:`torch.where` before any arithmetic,
+so they never reach the loss or its gradient. All maths runs in float32 at least (bf16/fp16
+inputs are promoted before the gate; float64 inputs stay float64).
+
+Denominators are global: the loss of a micro-batch is the exact partial sum of the full-batch
+loss, so summing the losses (or gradients) of any split of a batch into micro-batches, or across
+data-parallel ranks (all-reduce SUM), gives the full-batch loss (gradient). A row must not be split
+across calls (its gate statistic ``D_i`` is a mean over all its tokens).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+
+import torch
+
+from agentenv.errors import ConfigError, DataError
+
+__all__ = [
+    "FlashReinforceConfig",
+    "GRPOConfig",
+    "ObjectiveOutput",
+    "ObjectiveStats",
+    "batch_mean_advantages",
+    "bernoulli_kl_gate",
+    "entropy_filter_mask",
+    "flash_reinforce_loss",
+    "group_advantages",
+    "grpo_loss",
+]
+
+#: Probability clamp used by the gate only (DESIGN.md): p, q in [PROB_EPS, 1 - PROB_EPS].
+PROB_EPS = 1e-6
+#: Log-ratio clamp for rho = exp(clamp(log q - log p, -RHO_LOG_CLAMP, RHO_LOG_CLAMP)).
+RHO_LOG_CLAMP = 30.0
+#: Largest log-probability accepted as "not positive" (float rounding of log_softmax), in nats.
+LOGPROB_TOL = 1e-4
+
+
+# ---------------------------------------------------------------------------------------------
+# Configs
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class FlashReinforceConfig:
+    """FlashREINFORCE hyper-parameters (DESIGN.md, "FlashREINFORCE, precisely").
+
+    Attributes:
+        delta: Trust-gate threshold on the sequence-level Bernoulli-KL proxy ``D_i`` (nats); a row is
+            admitted iff ``D_i <= delta`` (inclusive). Paper range 1e-3..5e-3.
+        entropy_keep_fraction: ``q`` of the negative-token entropy filter: for failed trajectories keep
+            only the ``ceil(q * T_i)`` highest-entropy policy tokens (denominator stays ``T_i``).
+            None (default) disables the filter; 0.9 in the paper's ALFWorld setting.
+
+    Raises:
+        ConfigError: ``delta < 0`` or not finite, or ``entropy_keep_fraction`` outside [0, 1].
+    """
+
+    delta: float = 1e-3
+    entropy_keep_fraction: float | None = None
+
+    def __post_init__(self) -> None:
+        _check_delta(self.delta)
+        if self.entropy_keep_fraction is not None:
+            _check_fraction(self.entropy_keep_fraction)
+
+
+@dataclass(frozen=True)
+class GRPOConfig:
+    """GRPO hyper-parameters (Shao et al. 2024, arXiv 2402.03300; clip from arXiv 1707.06347 eq. 7).
+
+    Attributes:
+        group_size: ``n`` samples per prompt; must be >= 2 (with n = 1 every group-normalised
+            advantage is 0 and nothing would be learnt).
+        clip_eps: PPO clip range epsilon on the ratio pi_theta / mu (dimensionless).
+        std_eps: Added to the group reward standard deviation before dividing (reward units).
+
+    Raises:
+        ConfigError: ``group_size < 2``, ``clip_eps <= 0`` or ``std_eps < 0``.
+    """
+
+    group_size: int = 8
+    clip_eps: float = 0.2
+    std_eps: float = 1e-6
+
+    def __post_init__(self) -> None:
+        if self.group_size < 2:
+            raise ConfigError(
+                f"GRPO needs group_size >= 2 samples per prompt (got {self.group_size}): with one "
+                "sample the group baseline makes every advantage 0"
+            )
+        if not self.clip_eps > 0:
+            raise ConfigError(f"clip_eps must be > 0, got {self.clip_eps}")
+        if not self.std_eps >= 0:
+            raise ConfigError(f"std_eps must be >= 0, got {self.std_eps}")
+
+
+def _check_delta(delta: float) -> None:
+    if not (isinstance(delta, (int, float)) and math.isfinite(delta) and delta >= 0):
+        raise ConfigError(f"gate delta must be a finite number >= 0, got {delta!r}")
+
+
+def _check_fraction(q: float) -> None:
+    if not (isinstance(q, (int, float)) and 0.0 <= q <= 1.0):
+        raise ConfigError(f"entropy keep fraction must lie in [0, 1], got {q!r}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Stats
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ObjectiveStats:
+    """Summable statistics of one objective call; add the stats of micro-batches/ranks with ``+``.
+
+    Attributes:
+        rows: Rows seen (b).
+        admitted: Rows admitted by the gate (FlashREINFORCE) or all rows (GRPO).
+        excluded_rows: Rows dropped before the objective because they had no policy token (filled
+            in by the batching layer; the objective itself rejects empty rows).
+        tokens: Policy tokens seen (sum of T_i over the rows here).
+        kept_tokens: Policy tokens that carry gradient (after gate and entropy filter).
+        d_sum: Sum over rows of the gate statistic D_i (nats).
+        rho_sum: Sum over policy tokens of rho = pi_theta / mu.
+        adv_sum / adv_sq_sum: Sum and sum of squares of the rows' advantages.
+        loss_sum: This call's loss value (a partial sum of the full-batch loss).
+        surrogate_sum: Partial sum of the importance-weighted surrogate
+            ``L_surr = -(1/B) sum_i m_i (A_i/T_i) sum_t rho_it`` (FlashREINFORCE; 0 for GRPO).
+        clipped_tokens: Tokens whose PPO ratio was clipped (GRPO; 0 for FlashREINFORCE).
+        behaviour_nll_sum: Sum over policy tokens of ``-log mu(a_t)``; divided by tokens it is a
+            sample estimate of the behaviour policy's entropy (nats/token).
+    """
+
+    rows: int = 0
+    admitted: int = 0
+    excluded_rows: int = 0
+    tokens: int = 0
+    kept_tokens: int = 0
+    d_sum: float = 0.0
+    rho_sum: float = 0.0
+    adv_sum: float = 0.0
+    adv_sq_sum: float = 0.0
+    loss_sum: float = 0.0
+    surrogate_sum: float = 0.0
+    clipped_tokens: int = 0
+    behaviour_nll_sum: float = 0.0
+
+    def __add__(self, other: ObjectiveStats) -> ObjectiveStats:
+        return ObjectiveStats(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})
+
+    @property
+    def admitted_fraction(self) -> float:
+        """Share of rows admitted by the gate (nan when no rows)."""
+        return self.admitted / self.rows if self.rows else math.nan
+
+    @property
+    def mean_d(self) -> float:
+        """Mean gate statistic D over rows (nats)."""
+        return self.d_sum / self.rows if self.rows else math.nan
+
+    @property
+    def mean_rho(self) -> float:
+        """Mean importance ratio over policy tokens."""
+        return self.rho_sum / self.tokens if self.tokens else math.nan
+
+    @property
+    def advantage_mean(self) -> float:
+        """Mean advantage over rows."""
+        return self.adv_sum / self.rows if self.rows else math.nan
+
+    @property
+    def advantage_std(self) -> float:
+        """Population standard deviation of the advantages over rows."""
+        if not self.rows:
+            return math.nan
+        m = self.adv_sum / self.rows
+        return math.sqrt(max(self.adv_sq_sum / self.rows - m * m, 0.0))
+
+    @property
+    def clip_fraction(self) -> float:
+        """Share of policy tokens whose PPO ratio was clipped (GRPO)."""
+        return self.clipped_tokens / self.tokens if self.tokens else math.nan
+
+    def to_dict(self) -> dict[str, float]:
+        """Flat dict of the raw sums and the derived means, for metrics."""
+        d: dict[str, float] = {f.name: float(getattr(self, f.name)) for f in fields(self)}
+        d.update(
+            admitted_fraction=self.admitted_fraction,
+            mean_d=self.mean_d,
+            mean_rho=self.mean_rho,
+            advantage_mean=self.advantage_mean,
+            advantage_std=self.advantage_std,
+            clip_fraction=self.clip_fraction,
+        )
+        return d
+
+
+@dataclass(frozen=True)
+class ObjectiveOutput:
+    """What an objective returns.
+
+    Attributes:
+        loss: Scalar tensor to call ``backward()`` on (this call's partial sum of the batch loss).
+        stats: :class:`ObjectiveStats` for this call.
+        admitted: ``(b,)`` bool, the gate decision per row (all True for GRPO).
+        d: ``(b,)`` float, the gate statistic D_i per row (zeros for GRPO).
+    """
+
+    loss: torch.Tensor
+    stats: ObjectiveStats
+    admitted: torch.Tensor
+    d: torch.Tensor
+
+
+# ---------------------------------------------------------------------------------------------
+# Advantages
+# ---------------------------------------------------------------------------------------------
+def batch_mean_advantages(rewards: torch.Tensor) -> torch.Tensor:
+    """FlashREINFORCE advantages ``A_i = R_i - mean_j R_j`` over all B rows (no std division).
+
+    Compute them on the whole fresh batch, before any micro-batch or rank split.
+
+    Args:
+        rewards: ``(B,)`` episode returns.
+
+    Returns:
+        ``(B,)`` advantages, float32 at least.
+
+    Raises:
+        DataError: empty batch or a non-finite reward.
+    """
+    r = _as_float(rewards.reshape(-1))
+    if r.numel() == 0:
+        raise DataError("cannot compute advantages of an empty batch")
+    if not torch.isfinite(r).all():
+        raise DataError(f"non-finite reward at rows {torch.nonzero(~torch.isfinite(r)).flatten().tolist()}")
+    return r - r.mean()
+
+
+def group_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-6) -> torch.Tensor:
+    """GRPO group-normalised advantages ``(r - mean_g) / (std_g + eps)`` (arXiv 2402.03300, sec. 4.1.2).
+
+    Rows are grouped contiguously: rows ``[k*n, (k+1)*n)`` are the ``n`` samples of prompt ``k``.
+    ``std_g`` is the unbiased (Bessel-corrected) sample standard deviation, as in TRL and OpenRLHF.
+
+    Args:
+        rewards: ``(B,)`` episode returns, ``B = G * n``.
+        group_size: ``n`` samples per prompt.
+        eps: Added to the standard deviation (reward units).
+
+    Returns:
+        ``(B,)`` advantages, float32 at least.
+
+    Raises:
+        ConfigError: ``group_size < 2`` (every advantage would be 0).
+        DataError: empty batch, non-finite reward, or ``B`` not a multiple of ``group_size``.
+    """
+    if group_size < 2:
+        raise ConfigError(
+            f"group baseline needs group_size >= 2 (got {group_size}): with n = 1 every advantage is 0"
+        )
+    r = _as_float(rewards.reshape(-1))
+    if r.numel() == 0:
+        raise DataError("cannot compute advantages of an empty batch")
+    if not torch.isfinite(r).all():
+        raise DataError(f"non-finite reward at rows {torch.nonzero(~torch.isfinite(r)).flatten().tolist()}")
+    if r.numel() % group_size:
+        raise DataError(f"batch of {r.numel()} rows is not a whole number of groups of {group_size}")
+    g = r.view(-1, group_size)
+    return ((g - g.mean(dim=1, keepdim=True)) / (g.std(dim=1, keepdim=True) + eps)).reshape(-1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Gate
+# ---------------------------------------------------------------------------------------------
+def bernoulli_kl_gate(
+    logprobs: torch.Tensor,
+    behaviour_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    delta: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """FlashREINFORCE's sequence-level trust gate on a Bernoulli-KL proxy (DESIGN.md).
+
+    With ``p = mu(a_t)`` (behaviour) and ``q = pi_theta(a_t)`` (current), both clamped to
+    ``[1e-6, 1 - 1e-6]`` here only, ``d_t = p log(p/q) + (1-p) log((1-p)/(1-q))``,
+    ``D_i = max(0, mean_t d_t)`` over row ``i``'s policy tokens, and ``m_i = 1[D_i <= delta]``.
+
+    Args:
+        logprobs: ``(b, t)`` current log-probabilities log q (no gradient is taken through the gate).
+        behaviour_logprobs: ``(b, t)`` behaviour log-probabilities log p.
+        mask: ``(b, t)`` bool, True at policy tokens; every row needs at least one.
+        delta: Threshold (nats), >= 0.
+
+    Returns:
+        ``(D, admitted)``: ``(b,)`` float and ``(b,)`` bool.
+
+    Raises:
+        ConfigError: negative delta. DataError: an empty row.
+    """
+    _check_delta(delta)
+    mask = mask.bool()
+    counts = mask.sum(dim=1)
+    if (counts == 0).any():
+        raise DataError(f"rows {torch.nonzero(counts == 0).flatten().tolist()} have no policy token")
+    dtype = _work_dtype(logprobs)
+    zero = torch.zeros((), dtype=dtype, device=logprobs.device)
+    lq = torch.where(mask, logprobs.detach().to(dtype), zero)
+    lp = torch.where(mask, behaviour_logprobs.detach().to(dtype), zero)
+    p = lp.exp().clamp(PROB_EPS, 1.0 - PROB_EPS)
+    q = lq.exp().clamp(PROB_EPS, 1.0 - PROB_EPS)
+    d = p * (p.log() - q.log()) + (1.0 - p) * (torch.log1p(-p) - torch.log1p(-q))
+    d_row = torch.where(mask, d, zero).sum(dim=1) / counts.to(dtype)
+    d_row = d_row.clamp_min(0.0)
+    return d_row, d_row <= delta
+
+
+# ---------------------------------------------------------------------------------------------
+# Entropy filter
+# ---------------------------------------------------------------------------------------------
+def entropy_filter_mask(
+    entropies: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor, keep_fraction: float
+) -> torch.Tensor:
+    """Keep the ``ceil(q * T_i)`` highest-entropy policy tokens of the selected rows.
+
+    Ties are broken by position (earlier first). ``ceil`` is taken of ``q * T_i - 1e-9`` so float
+    rounding (``0.7 * 10 = 7.000000000000001``) does not keep an extra token.
+
+    Args:
+        entropies: ``(b, t)`` per-token entropy of the current policy (nats); masked positions ignored.
+        mask: ``(b, t)`` bool policy-token mask.
+        rows: ``(b,)`` bool, rows the filter applies to (failed trajectories); others keep all tokens.
+        keep_fraction: ``q`` in [0, 1].
+
+    Returns:
+        ``(b, t)`` bool mask of the tokens that keep their gradient.
+
+    Raises:
+        ConfigError: ``keep_fraction`` outside [0, 1].
+    """
+    _check_fraction(keep_fraction)
+    mask = mask.bool()
+    ent = torch.where(mask, entropies.detach().float(), torch.tensor(-math.inf, device=mask.device))
+    ent = torch.nan_to_num(ent, nan=-math.inf)  # a NaN entropy at a policy token ranks last
+    order = torch.argsort(ent, dim=1, descending=True, stable=True)
+    ranks = torch.empty_like(order)
+    ranks.scatter_(1, order, torch.arange(ent.shape[1], device=ent.device).expand_as(order))
+    counts = mask.sum(dim=1).double()
+    keep = torch.ceil(counts * keep_fraction - 1e-9).clamp_min(0).long()
+    filtered = mask & (ranks < keep.unsqueeze(1))
+    return torch.where(rows.bool().unsqueeze(1), filtered, mask)
+
+
+# ---------------------------------------------------------------------------------------------
+# Losses
+# ---------------------------------------------------------------------------------------------
+def flash_reinforce_loss(
+    logprobs: torch.Tensor,
+    behaviour_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    advantages: torch.Tensor,
+    lengths: torch.Tensor,
+    batch_size: int,
+    *,
+    delta: float = 1e-3,
+    admitted: torch.Tensor | None = None,
+    entropies: torch.Tensor | None = None,
+    entropy_keep_fraction: float | None = None,
+    failed: torch.Tensor | None = None,
+    row_ids: Sequence[str] | None = None,
+) -> ObjectiveOutput:
+    """FlashREINFORCE sample-mean loss with the sequence-level Bernoulli-KL trust gate (DESIGN.md).
+
+    ``L = -(1/B) sum_i m_i (A_i / T_i) sum_t rho_it log pi_theta(a_it)``, with ``rho =
+    exp(clamp(log q - log p, -30, 30))`` detached (float32 at least) and ``m_i`` the gate decision.
+    Its gradient w.r.t. ``log pi_theta(a_it)`` is ``-m_i A_i rho_it / (B T_i)``, that of the
+    importance-weighted surrogate ``-(1/B) sum_i m_i (A_i/T_i) sum_t rho_it`` (reported in the stats).
+    Rejected rows stay in ``B``. With ``A`` from :func:`batch_mean_advantages` over all B rows, the
+    gradient is exactly zero when all rewards are equal or all rows are rejected.
+
+    Optional negative-token entropy filter: for ``failed`` rows keep only the ``ceil(q T_i)``
+    highest-entropy tokens; the denominator stays ``T_i``.
+
+    Args:
+        logprobs: ``(b, t)`` current log pi_theta(a_t) with gradient (any float dtype).
+        behaviour_logprobs: ``(b, t)`` stored sampler log mu(a_t).
+        mask: ``(b, t)`` bool/int, True at policy tokens. Other positions may hold NaN/inf.
+        advantages: ``(b,)`` this call's rows' advantages, computed over the *global* batch.
+        lengths: ``(b,)`` int, T_i: each row's policy-token count in the whole trajectory; must equal
+            ``mask.sum(1)`` (rows are never split).
+        batch_size: B, the global number of rows in the fresh batch (>= b).
+        delta: Gate threshold (nats), >= 0.
+        admitted: ``(b,)`` bool precomputed gate decision (e.g. from a scoring pass); None computes
+            it here from ``logprobs`` (detached).
+        entropies: ``(b, t)`` per-token policy entropy (nats), needed only by the entropy filter.
+        entropy_keep_fraction: ``q`` in [0, 1], or None for no filter.
+        failed: ``(b,)`` bool, rows the entropy filter applies to; default ``advantages < 0``.
+        row_ids: Optional names of the rows (trajectory ids) used in error messages.
+
+    Returns:
+        :class:`ObjectiveOutput` (loss scalar in the working dtype).
+
+    Raises:
+        DataError (a ValueError): an empty row, NaN/inf or a positive value (> 1e-4 nats) in a
+            policy position of either log-probability, shape mismatch, ``lengths != mask.sum(1)``,
+            ``batch_size < b``, a non-finite advantage.
+        ConfigError (a ValueError): negative delta, fraction outside [0, 1], filter without entropies.
+    """
+    _check_delta(delta)
+    if entropy_keep_fraction is not None:
+        _check_fraction(entropy_keep_fraction)
+        if entropies is None:
+            raise ConfigError("the entropy filter needs per-token entropies")
+    mask, lq, lp, adv, t_i, dtype = _prepare(
+        logprobs, behaviour_logprobs, mask, advantages, lengths, batch_size, row_ids
+    )
+    zero = torch.zeros((), dtype=dtype, device=lq.device)
+    if admitted is None:
+        d, admitted = bernoulli_kl_gate(lq, lp, mask, delta)
+    else:
+        admitted = admitted.to(device=lq.device, dtype=torch.bool).reshape(-1)
+        if admitted.numel() != mask.shape[0]:
+            raise DataError(f"admitted has {admitted.numel()} rows, expected {mask.shape[0]}")
+        d = torch.zeros(mask.shape[0], dtype=dtype, device=lq.device)
+
+    log_ratio = (lq.detach() - lp).clamp(-RHO_LOG_CLAMP, RHO_LOG_CLAMP)
+    rho = torch.where(mask, log_ratio.exp(), zero)
+
+    token_mask = mask
+    if entropy_keep_fraction is not None:
+        rows = (adv < 0) if failed is None else failed.to(device=mask.device, dtype=torch.bool).reshape(-1)
+        token_mask = entropy_filter_mask(entropies, mask, rows, entropy_keep_fraction)  # type: ignore[arg-type]
+
+    # Per-row coefficient m_i A_i / (B T_i); zero for rejected rows.
+    coef = torch.where(admitted, adv / (t_i * batch_size), zero)
+    weights = torch.where(token_mask, rho * coef.unsqueeze(1), zero)
+    loss = -(weights * lq).sum()
+    surrogate = -(weights.sum())
+
+    stats = ObjectiveStats(
+        rows=int(mask.shape[0]),
+        admitted=int(admitted.sum()),
+        tokens=int(mask.sum()),
+        kept_tokens=int((token_mask & admitted.unsqueeze(1)).sum()),
+        d_sum=float(d.sum()),
+        rho_sum=float(rho.sum()),
+        adv_sum=float(adv.sum()),
+        adv_sq_sum=float((adv * adv).sum()),
+        loss_sum=float(loss.detach()),
+        surrogate_sum=float(surrogate.detach()),
+        behaviour_nll_sum=float(-lp.sum()),
+    )
+    return ObjectiveOutput(loss=loss, stats=stats, admitted=admitted, d=d)
+
+
+def grpo_loss(
+    logprobs: torch.Tensor,
+    behaviour_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    advantages: torch.Tensor,
+    lengths: torch.Tensor,
+    total_tokens: int,
+    *,
+    clip_eps: float = 0.2,
+    row_ids: Sequence[str] | None = None,
+) -> ObjectiveOutput:
+    """GRPO's clipped surrogate with token-mean over the batch (arXiv 2402.03300; clip: 1707.06347 eq. 7).
+
+    ``L = -(1/N) sum_i sum_t min(r_it A_i, clip(r_it, 1-eps, 1+eps) A_i)`` with
+    ``r = exp(log pi_theta - log mu)`` against the stored behaviour log-probabilities and
+    ``N = total_tokens`` the policy-token count of the *global* batch (so micro-batches add up).
+    No KL-to-reference term (coefficient 0). Shares validation and masking with
+    :func:`flash_reinforce_loss`.
+
+    Args:
+        logprobs: ``(b, t)`` current log pi_theta(a_t) with gradient.
+        behaviour_logprobs: ``(b, t)`` stored log mu(a_t).
+        mask: ``(b, t)`` policy-token mask; other positions may hold NaN/inf.
+        advantages: ``(b,)`` from :func:`group_advantages` over the global batch.
+        lengths: ``(b,)`` T_i (must equal ``mask.sum(1)``).
+        total_tokens: N, policy tokens in the global batch (>= this call's tokens).
+        clip_eps: PPO clip range epsilon (> 0).
+        row_ids: Optional trajectory ids for error messages.
+
+    Returns:
+        :class:`ObjectiveOutput`; ``admitted`` is all True and ``d`` zeros.
+
+    Raises:
+        DataError: as :func:`flash_reinforce_loss`, or ``total_tokens`` below this call's tokens.
+        ConfigError: ``clip_eps <= 0``.
+    """
+    if not clip_eps > 0:
+        raise ConfigError(f"clip_eps must be > 0, got {clip_eps}")
+    mask, lq, lp, adv, _t_i, dtype = _prepare(
+        logprobs, behaviour_logprobs, mask, advantages, lengths, mask.shape[0], row_ids
+    )
+    n_here = int(mask.sum())
+    if total_tokens < n_here:
+        raise DataError(f"total_tokens={total_tokens} is below this call's {n_here} policy tokens")
+    zero = torch.zeros((), dtype=dtype, device=lq.device)
+    log_ratio = torch.where(mask, (lq - lp).clamp(-RHO_LOG_CLAMP, RHO_LOG_CLAMP), zero)
+    ratio = log_ratio.exp()
+    a = adv.unsqueeze(1)
+    unclipped = ratio * a
+    clipped = ratio.clamp(1.0 - clip_eps, 1.0 + clip_eps) * a
+    per_token = torch.minimum(unclipped, clipped)
+    loss = -torch.where(mask, per_token, zero).sum() / total_tokens
+    was_clipped = mask & (clipped < unclipped)
+    stats = ObjectiveStats(
+        rows=int(mask.shape[0]),
+        admitted=int(mask.shape[0]),
+        tokens=n_here,
+        kept_tokens=int((mask & ~was_clipped).sum()),
+        rho_sum=float(torch.where(mask, ratio.detach(), zero).sum()),
+        adv_sum=float(adv.sum()),
+        adv_sq_sum=float((adv * adv).sum()),
+        loss_sum=float(loss.detach()),
+        clipped_tokens=int(was_clipped.sum()),
+        behaviour_nll_sum=float(-lp.sum()),
+    )
+    admitted = torch.ones(mask.shape[0], dtype=torch.bool, device=lq.device)
+    return ObjectiveOutput(loss=loss, stats=stats, admitted=admitted, d=torch.zeros_like(adv))
+
+
+# ---------------------------------------------------------------------------------------------
+# Shared input handling
+# ---------------------------------------------------------------------------------------------
+def _work_dtype(x: torch.Tensor) -> torch.dtype:
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def _as_float(x: torch.Tensor) -> torch.Tensor:
+    return x.to(_work_dtype(x)) if x.is_floating_point() else x.to(torch.float32)
+
+
+def _name(i: int, row_ids: Sequence[str] | None) -> str:
+    return f"trajectory {row_ids[i]} (row {i})" if row_ids is not None and i < len(row_ids) else f"row {i}"
+
+
+def _prepare(
+    logprobs: torch.Tensor,
+    behaviour_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    advantages: torch.Tensor,
+    lengths: torch.Tensor,
+    batch_size: int,
+    row_ids: Sequence[str] | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.dtype]:
+    """Validate, promote to float32+, and zero the masked positions (with ``torch.where``)."""
+    if logprobs.dim() != 2 or logprobs.shape != behaviour_logprobs.shape or logprobs.shape != mask.shape:
+        raise DataError(
+            f"logprobs {tuple(logprobs.shape)}, behaviour_logprobs {tuple(behaviour_logprobs.shape)} and "
+            f"mask {tuple(mask.shape)} must all be (b, t)"
+        )
+    b = logprobs.shape[0]
+    if b == 0:
+        raise DataError("empty batch: no rows")
+    adv = advantages.reshape(-1)
+    t_i = lengths.reshape(-1)
+    if adv.numel() != b or t_i.numel() != b:
+        raise DataError(f"advantages ({adv.numel()}) and lengths ({t_i.numel()}) must have b={b} entries")
+    if batch_size < b:
+        raise DataError(f"global batch_size={batch_size} is smaller than this call's {b} rows")
+    mask = mask.to(device=logprobs.device).bool()
+    counts = mask.sum(dim=1)
+    empty = torch.nonzero(counts == 0).flatten().tolist()
+    if empty:
+        raise DataError(f"empty row: {_name(empty[0], row_ids)} has no policy token")
+    t_i = t_i.to(device=logprobs.device)
+    if not torch.equal(counts, t_i.to(counts.dtype)):
+        bad = torch.nonzero(counts != t_i.to(counts.dtype)).flatten().tolist()[0]
+        raise DataError(
+            f"{_name(bad, row_ids)}: lengths says T_i={int(t_i[bad])} but the mask has {int(counts[bad])} "
+            "policy tokens (rows must not be split across calls)"
+        )
+    dtype = _work_dtype(logprobs)
+    for name, x in (("current log-probability", logprobs), ("behaviour log-probability", behaviour_logprobs)):
+        xd = x.detach()
+        bad_nonfinite = mask & ~torch.isfinite(xd)
+        if bad_nonfinite.any():
+            i, j = torch.nonzero(bad_nonfinite)[0].tolist()
+            raise DataError(f"{_name(i, row_ids)}: non-finite {name} {float(xd[i, j])} at policy position {j}")
+        bad_pos = mask & (xd > LOGPROB_TOL)
+        if bad_pos.any():
+            i, j = torch.nonzero(bad_pos)[0].tolist()
+            raise DataError(f"{_name(i, row_ids)}: positive {name} {float(xd[i, j])} at policy position {j}")
+    adv = _as_float(adv).to(device=logprobs.device, dtype=dtype)
+    if not torch.isfinite(adv).all():
+        raise DataError(f"{_name(int(torch.nonzero(~torch.isfinite(adv))[0]), row_ids)}: non-finite advantage")
+    zero = torch.zeros((), dtype=dtype, device=logprobs.device)
+    lq = torch.where(mask, logprobs.to(dtype), zero)
+    lp = torch.where(mask, behaviour_logprobs.detach().to(device=logprobs.device, dtype=dtype), zero)
+    return mask, lq, lp, adv, t_i.to(dtype), dtype
