@@ -1,0 +1,314 @@
+"""Grading a final ``\\boxed{}`` answer with math-verify, in worker processes killed on a deadline.
+
+math-verify has two traps (DESIGN.md, "Known pitfalls"): its timeouts use ``signal.alarm``, which
+raises outside the main thread, and with them off a pathological answer can hang the caller; and it
+reads several ``\\boxed{}`` in one text as a set. So:
+
+* the *last* ``\\boxed{...}`` (or ``\\fbox{...}``) is chosen here, with a brace-matching scan, and only
+  that answer is graded;
+* grading runs in a spawned worker process (math-verify's own timeouts off); the caller waits at
+  most ``timeout_s`` seconds, then kills the worker and a fresh one replaces it. This is safe from
+  any thread and, through :func:`grade_answer_async`, from async code.
+
+An answer the grader cannot parse is graded wrong with a reason; it never raises.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import logging
+import multiprocessing as mp
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from agentenv.errors import ConfigError
+
+#: ``verify_fn(extracted, golds) -> (correct, reason)``; runs inside the worker process.
+VerifyFn = Callable[[str, list[str]], tuple[bool, str]]
+
+_BOX_COMMANDS = ("\\boxed", "\\fbox")
+
+
+@dataclass(frozen=True)
+class GradeResult:
+    """The verdict on one response.
+
+    Attributes:
+        correct: True only when the final boxed answer matches a ground truth.
+        extracted: The content of the last ``\\boxed{}``, or None when there is none.
+        reason: ``"correct"``, ``"wrong"``, or why the answer could not be graded.
+        duration_s: Wall-clock seconds spent grading (waiting for a free worker excluded).
+    """
+
+    correct: bool
+    extracted: str | None
+    reason: str
+    duration_s: float = 0.0
+
+
+def _boxed_at(text: str, start: int) -> str | None:
+    """Content of the box command ending at ``start`` (``{...}`` or ``\\boxed 5``), else None."""
+    i = start
+    if i < len(text) and text[i] == "{":
+        depth = 0
+        for j in range(i, len(text)):
+            if text[j] == "{" and text[j - 1] != "\\":
+                depth += 1
+            elif text[j] == "}" and text[j - 1] != "\\":
+                depth -= 1
+                if depth == 0:
+                    return text[i + 1 : j]
+        return None
+    if i < len(text) and text[i] == " ":
+        j = i + 1
+        while j < len(text) and not text[j].isspace() and text[j] not in "$":
+            j += 1
+        return text[i + 1 : j] or None
+    return None
+
+
+def extract_last_boxed(text: str) -> str | None:
+    """Return the content of the last complete ``\\boxed{...}`` / ``\\fbox{...}`` in ``text``.
+
+    Nested braces are matched (``\\boxed{\\frac{1}{2}}`` gives ``\\frac{1}{2}``); ``\\boxed 5`` gives
+    ``5``. Returns None when there is no complete box, or the last one is empty.
+    """
+    best: tuple[int, str] | None = None
+    for cmd in _BOX_COMMANDS:
+        pos = text.find(cmd)
+        while pos >= 0:
+            content = _boxed_at(text, pos + len(cmd))
+            if content is not None and (best is None or pos > best[0]):
+                best = (pos, content)
+            pos = text.find(cmd, pos + 1)
+    if best is None or not best[1].strip():
+        return None
+    return best[1].strip()
+
+
+def _golds(ground_truth: str | int | float | Sequence[str]) -> list[str]:
+    if isinstance(ground_truth, (str, int, float)):
+        items = [ground_truth]
+    else:
+        items = list(ground_truth)
+    out = []
+    for g in items:
+        s = str(g).strip()
+        if len(s) >= 2 and s[0] == "$" and s[-1] == "$":
+            s = s.strip("$").strip()
+        if s:
+            out.append(s)
+    return out
+
+
+def math_verify_fn(extracted: str, golds: list[str]) -> tuple[bool, str]:
+    """Grade ``extracted`` against each gold with math-verify (its timeouts off; run in a worker).
+
+    Returns:
+        ``(correct, reason)``: reason is ``"correct"``, ``"wrong"``, ``"unparsable answer"`` or
+        ``"unparsable ground truth"``.
+    """
+    from math_verify import parse, verify
+
+    pred = parse("\\boxed{" + extracted + "}", parsing_timeout=None)
+    if not pred:
+        return False, "unparsable answer"
+    parsed_any_gold = False
+    for g in golds:
+        gold = parse("\\boxed{" + g + "}", parsing_timeout=None)
+        if not gold:
+            continue
+        parsed_any_gold = True
+        if verify(gold, pred, timeout_seconds=None):
+            return True, "correct"
+    if not parsed_any_gold:
+        if any(_normalise(extracted) == _normalise(g) for g in golds):
+            return True, "correct (string match; ground truth unparsable)"
+        return False, "unparsable ground truth"
+    return False, "wrong"
+
+
+def _normalise(s: str) -> str:
+    return "".join(s.split()).rstrip(".")
+
+
+def _worker_main(conn: Any, verify_fn: VerifyFn) -> None:
+    """Worker loop: answer ``(extracted, golds)`` requests until the pipe closes."""
+    logging.getLogger("math_verify").setLevel(logging.ERROR)
+    if verify_fn is math_verify_fn:
+        import math_verify  # noqa: F401  (import before reporting ready: startup is not grading time)
+    conn.send("ready")
+    while True:
+        try:
+            extracted, golds = conn.recv()
+        except (EOFError, OSError):
+            return
+        try:
+            conn.send(verify_fn(extracted, golds))
+        except Exception as exc:  # the worker must survive any grader failure
+            conn.send((False, f"grader error: {type(exc).__name__}: {exc}"))
+
+
+class _Worker:
+    def __init__(self, ctx: Any, verify_fn: VerifyFn, start_timeout_s: float) -> None:
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_worker_main, args=(child, verify_fn), daemon=True, name="agentenv-grader")
+        self.proc.start()
+        child.close()
+        if not self.conn.poll(start_timeout_s) or self.conn.recv() != "ready":
+            self.kill()
+            raise ConfigError(f"grader worker did not start within {start_timeout_s} s")
+
+    def kill(self) -> None:
+        if self.proc.is_alive():
+            self.proc.kill()
+        self.proc.join(timeout=5)
+        self.conn.close()
+
+
+class Grader:
+    """A small pool of grading worker processes; thread-safe.
+
+    Args:
+        workers: Most worker processes alive at once (each holds sympy: ~100 MB).
+        verify_fn: Picklable top-level function ``(extracted, golds) -> (correct, reason)`` run in
+            the worker; default :func:`math_verify_fn`.
+        start_timeout_s: Seconds a new worker may take to import its grader (not counted in any
+            grading deadline).
+
+    Raises:
+        ConfigError: ``workers < 1``.
+    """
+
+    def __init__(self, *, workers: int = 1, verify_fn: VerifyFn = math_verify_fn, start_timeout_s: float = 120.0):
+        if workers < 1:
+            raise ConfigError(f"workers must be >= 1, got {workers}")
+        self._ctx = mp.get_context("spawn")  # never fork a process that may hold threads
+        self._verify_fn = verify_fn
+        self._start_timeout_s = start_timeout_s
+        self._max = workers
+        self._idle: queue.Queue[_Worker] = queue.Queue()
+        self._count = 0
+        self._lock = threading.Lock()
+        self._closed = False
+        self.timeouts = 0  #: deadline kills so far
+        self.restarts = 0  #: workers started after the first
+
+    def _take(self) -> _Worker:
+        with self._lock:
+            try:
+                return self._idle.get_nowait()
+            except queue.Empty:
+                pass
+            create = self._count < self._max
+            if create:
+                self._count += 1
+        if create:
+            try:
+                return _Worker(self._ctx, self._verify_fn, self._start_timeout_s)
+            except BaseException:
+                with self._lock:
+                    self._count -= 1
+                raise
+        return self._idle.get()
+
+    def _drop(self, worker: _Worker) -> None:
+        worker.kill()
+        with self._lock:
+            self._count -= 1
+            self.restarts += 1
+
+    def grade(
+        self, response_text: str, ground_truth: str | int | float | Sequence[str], *, timeout_s: float = 5.0
+    ) -> GradeResult:
+        """Grade the last ``\\boxed{}`` of ``response_text`` against ``ground_truth``.
+
+        Args:
+            response_text: The model's final reply.
+            ground_truth: One answer, or several accepted alternatives.
+            timeout_s: Seconds the grading itself may take; past it the worker is killed and the
+                answer is graded wrong with reason ``"timeout"``.
+
+        Returns:
+            A :class:`GradeResult`; never raises for any answer text.
+        """
+        extracted = extract_last_boxed(response_text)
+        if extracted is None:
+            return GradeResult(False, None, "no \\boxed{} answer")
+        golds = _golds(ground_truth)
+        if not golds:
+            return GradeResult(False, extracted, "empty ground truth")
+        if self._closed:
+            return GradeResult(False, extracted, "grader closed")
+        worker = self._take()
+        t0 = time.perf_counter()
+        try:
+            worker.conn.send((extracted, golds))
+            if not worker.conn.poll(timeout_s):
+                self.timeouts += 1
+                self._drop(worker)
+                return GradeResult(False, extracted, f"timeout after {timeout_s:g} s", time.perf_counter() - t0)
+            correct, reason = worker.conn.recv()
+        except (EOFError, OSError, BrokenPipeError) as exc:
+            self._drop(worker)
+            return GradeResult(False, extracted, f"grader crashed: {type(exc).__name__}", time.perf_counter() - t0)
+        if self._closed:
+            self._drop(worker)
+        else:
+            self._idle.put(worker)
+        return GradeResult(bool(correct), extracted, str(reason), time.perf_counter() - t0)
+
+    async def grade_async(
+        self, response_text: str, ground_truth: str | int | float | Sequence[str], *, timeout_s: float = 5.0
+    ) -> GradeResult:
+        """:meth:`grade` without blocking the event loop (runs in a thread)."""
+        return await asyncio.to_thread(self.grade, response_text, ground_truth, timeout_s=timeout_s)
+
+    def close(self) -> None:
+        """Kill every worker. Safe to call twice."""
+        self._closed = True
+        while True:
+            try:
+                w = self._idle.get_nowait()
+            except queue.Empty:
+                break
+            w.kill()
+
+    def __enter__(self) -> Grader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+_default: Grader | None = None
+_default_lock = threading.Lock()
+
+
+def default_grader() -> Grader:
+    """The process-wide :class:`Grader` (2 workers), started on first use and closed at exit."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = Grader(workers=2)
+            atexit.register(_default.close)
+        return _default
+
+
+def grade_answer(
+    response_text: str, ground_truth: str | int | float | Sequence[str], *, timeout_s: float = 5.0
+) -> GradeResult:
+    """Grade ``response_text``'s last ``\\boxed{}`` with the default grader (see :meth:`Grader.grade`)."""
+    return default_grader().grade(response_text, ground_truth, timeout_s=timeout_s)
+
+
+async def grade_answer_async(
+    response_text: str, ground_truth: str | int | float | Sequence[str], *, timeout_s: float = 5.0
+) -> GradeResult:
+    """Async :func:`grade_answer`; safe inside a running event loop."""
+    return await default_grader().grade_async(response_text, ground_truth, timeout_s=timeout_s)

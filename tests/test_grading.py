@@ -1,0 +1,108 @@
+"""grade_answer on hand cases: last box wins, equivalent forms, unparsable answers, deadlines."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from agentenv.grading import GradeResult, Grader, extract_last_boxed, grade_answer, grade_answer_async
+
+
+def slow_verify(extracted: str, golds: list[str]) -> tuple[bool, str]:
+    """A grader that hangs on the answer "hang" (runs in the worker process)."""
+    if extracted == "hang":
+        time.sleep(60)
+    return extracted in golds, "string compare"
+
+
+def crashing_verify(extracted: str, golds: list[str]) -> tuple[bool, str]:
+    import os
+
+    if extracted == "die":
+        os._exit(3)
+    return extracted in golds, "string compare"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("so \\boxed{\\frac{1}{2}}.", "\\frac{1}{2}"),
+        ("\\boxed{2} then \\boxed{3}", "3"),
+        ("\\boxed{\\left( 3, \\frac{\\pi}{2} \\right)}", "\\left( 3, \\frac{\\pi}{2} \\right)"),
+        ("\\fbox{7} and finally \\boxed 5$", "5"),
+        ("no box here: 42", None),
+        ("\\boxed{1} \\boxed{unclosed", "1"),
+        ("\\boxed{}", None),
+        ("\\boxed{\\{1,2\\}}", "\\{1,2\\}"),
+    ],
+)
+def test_extract_last_boxed(text: str, expected: str | None) -> None:
+    assert extract_last_boxed(text) == expected
+
+
+def test_fraction_equals_decimal() -> None:
+    r = grade_answer("The answer is \\boxed{\\frac{1}{2}}", "0.5")
+    assert r == GradeResult(True, "\\frac{1}{2}", "correct", r.duration_s)
+
+
+def test_last_box_is_graded_not_the_set() -> None:
+    assert grade_answer("first \\boxed{2} then \\boxed{3}", "3").correct
+    r = grade_answer("first \\boxed{3} then \\boxed{2}", "3")
+    assert not r.correct and r.extracted == "2" and r.reason == "wrong"
+
+
+def test_alternatives_and_dollar_wrapped_gold() -> None:
+    assert grade_answer("\\boxed{2n-2}", ["$2n-2$"]).correct
+    assert grade_answer("\\boxed{6630}", ["6630.65", "6630"]).correct
+    assert not grade_answer("\\boxed{7}", ["6630.65", "6630"]).correct
+
+
+def test_no_box_and_unparsable_answer_are_wrong_not_errors() -> None:
+    r = grade_answer("I think it is 3", "3")
+    assert r == GradeResult(False, None, "no \\boxed{} answer")
+    r = grade_answer("\\boxed{\\frac{}{}}", "3")
+    assert not r.correct and r.extracted == "\\frac{}{}"
+    assert r.reason in ("unparsable answer", "wrong")
+    r = grade_answer("\\boxed{3}", "")
+    assert r.reason == "empty ground truth" and not r.correct
+
+
+def test_grading_from_threads_and_async() -> None:
+    results: list[bool] = []
+
+    def work() -> None:
+        results.append(grade_answer("\\boxed{1/4}", "0.25").correct)
+
+    ts = [threading.Thread(target=work) for _ in range(3)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert results == [True, True, True]
+
+    async def main() -> list[GradeResult]:
+        return await asyncio.gather(grade_answer_async("\\boxed{10}", "10"), grade_answer_async("\\boxed{9}", "10"))
+
+    a, b = asyncio.run(main())
+    assert a.correct and not b.correct
+
+
+def test_timeout_kills_worker_and_next_grade_works() -> None:
+    with Grader(workers=1, verify_fn=slow_verify) as g:
+        t0 = time.perf_counter()
+        r = g.grade("\\boxed{hang}", "1", timeout_s=0.5)
+        assert time.perf_counter() - t0 < 10
+        assert not r.correct and r.reason.startswith("timeout") and r.extracted == "hang"
+        assert g.timeouts == 1
+        r2 = g.grade("\\boxed{1}", "1", timeout_s=30)
+        assert r2.correct and r2.reason == "string compare"
+
+
+def test_crashed_worker_is_replaced() -> None:
+    with Grader(workers=1, verify_fn=crashing_verify) as g:
+        r = g.grade("\\boxed{die}", "1", timeout_s=30)
+        assert not r.correct and r.reason.startswith("grader crashed")
+        assert g.grade("\\boxed{1}", "1", timeout_s=30).correct
