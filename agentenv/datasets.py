@@ -167,7 +167,8 @@ def load_math(name: str, *, data_root: str | os.PathLike[str] | None = None) -> 
         data_root: The shared data folder (default :func:`agentenv.paths.data_dir`).
 
     Returns:
-        The problems in file order (cached per name and folder).
+        The problems in file order (cached per name and folder); rows with an empty answer (two
+        in ``math_train`` and ``simplelr_math_35``) are dropped, as they cannot be graded.
 
     Raises:
         DataError: Unknown name (the message lists the known ones), missing file, or a malformed row.
@@ -189,6 +190,7 @@ def _load_cached(name: str, root: str) -> tuple[MathProblem, ...]:
         raise
     except (KeyError, ValueError, SyntaxError, TypeError) as exc:
         raise DataError(f"math data set {name!r} ({path}) is malformed: {type(exc).__name__}: {exc}") from exc
+    problems = [p for p in problems if p.answer]  # two upstream MATH rows have an empty answer
     if not problems:
         raise DataError(f"math data set {name!r} ({path}) is empty")
     return tuple(problems)
