@@ -62,6 +62,8 @@ class SandboxLimits:
         memory_bytes: Address-space / cgroup memory cap of the worker.
         max_processes: Processes (pids) the worker may own.
         cpus: CPU share (Docker ``nano_cpus`` / 1e9); ignored where unsupported.
+        cpu_time_s: CPU seconds the worker may use over its whole life (RLIMIT_CPU, a backstop;
+            the per-call wall-clock limit is ``timeout_s``).
     """
 
     timeout_s: float = 10.0
@@ -69,6 +71,7 @@ class SandboxLimits:
     memory_bytes: int = 1 << 30
     max_processes: int = 64
     cpus: float = 1.0
+    cpu_time_s: float = 3600.0
 
 
 @runtime_checkable

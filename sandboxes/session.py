@@ -1,0 +1,196 @@
+"""One sandbox: a persistent worker started by a backend launcher, with timeout, caps and replacement.
+
+The backend-specific part (how to start, kill and diagnose a worker) is a :class:`Launcher`; this
+module holds everything the backends share: the per-call wall-clock timeout (measured from the moment
+the request is sent, so waiting for the lock or for a replacement worker never counts), crash and OOM
+detection, and the transparent replacement of a dead worker (started in the background right away, so
+the next call usually finds it ready).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from agentenv.errors import ClosedError, SandboxError
+from agentenv.sandboxes.base import ExecResult, ExecStatus, SandboxLimits
+from agentenv.sandboxes.channel import Channel, ProtocolError
+
+START_TIMEOUT_S = 60.0  #: seconds a worker may take to say it is ready
+
+
+@dataclass
+class WorkerHandle:
+    """A started worker: its protocol channel, its hello message and backend-specific state."""
+
+    channel: Channel
+    hello: dict = field(default_factory=dict)
+    state: Any = None
+
+
+class Launcher(Protocol):
+    """How one backend starts, kills and diagnoses workers."""
+
+    backend: str
+
+    async def start(self) -> WorkerHandle:
+        """Start a worker and return it once it sent its hello frame. Raises SandboxError."""
+        ...
+
+    async def kill(self, handle: WorkerHandle) -> None:
+        """Kill the worker and every process it started; release its resources."""
+        ...
+
+    async def diagnose(self, handle: WorkerHandle) -> tuple[ExecStatus, str]:
+        """After the worker's output ended: OOM or CRASHED, and a reason line."""
+        ...
+
+    def isolation(self, hello: dict) -> str:
+        """One line naming what is isolated, given the worker's hello frame."""
+        ...
+
+
+async def read_hello(handle: WorkerHandle, what: str) -> WorkerHandle:
+    """Wait (bounded) for the worker's hello frame and store it in ``handle``.
+
+    Raises:
+        SandboxError: The worker died or stayed silent for :data:`START_TIMEOUT_S` seconds.
+    """
+    try:
+        hello = await asyncio.wait_for(handle.channel.receive(), START_TIMEOUT_S)
+    except (asyncio.IncompleteReadError, ProtocolError, asyncio.TimeoutError, ConnectionError) as e:
+        raise SandboxError(f"{what} worker did not start: {type(e).__name__}: {e}") from e
+    if not hello.get("ready"):
+        raise SandboxError(f"{what} worker sent {hello!r} instead of its hello")
+    handle.hello = hello
+    return handle
+
+
+class WorkerSandbox:
+    """A :class:`~agentenv.sandboxes.base.Sandbox` backed by a persistent worker.
+
+    Build one with :func:`agentenv.sandboxes.create_sandbox` (or get one from a pool); call
+    :meth:`start` before the first :meth:`run` to pay the start-up cost up front.
+
+    Args:
+        launcher: The backend.
+        limits: Per-call timeout, output cap and the limits the launcher applies.
+    """
+
+    def __init__(self, launcher: Launcher, limits: SandboxLimits):
+        self._launcher, self.limits = launcher, limits
+        self.backend: str = launcher.backend
+        self.isolation: str = ""
+        self._handle: WorkerHandle | None = None
+        self._next: asyncio.Task | None = None
+        self._lock = asyncio.Lock()
+        self._closed = False
+        self.calls = 0  #: snippets run so far (a pool never hands out a sandbox with calls > 0)
+        self.replacements = 0  #: workers replaced after a timeout, crash or OOM
+
+    @property
+    def ready(self) -> bool:
+        """True when a live worker waits for a snippet."""
+        return self._handle is not None and not self._closed
+
+    async def start(self) -> WorkerSandbox:
+        """Start the worker now (idempotent). Raises SandboxError, ClosedError."""
+        if self._closed:
+            raise ClosedError("sandbox is closed")
+        if self._handle is None:
+            await self._take_worker()
+        return self
+
+    async def _take_worker(self) -> None:
+        task, self._next = self._next, None
+        handle = await (task if task is not None else self._launcher.start())
+        if self._closed:  # closed while starting
+            await self._launcher.kill(handle)
+            raise ClosedError("sandbox is closed")
+        self._handle = handle
+        self.isolation = self._launcher.isolation(handle.hello)
+
+    async def run(self, code: str, *, timeout_s: float | None = None) -> ExecResult:
+        """Run ``code`` in the persistent namespace.
+
+        Args:
+            code: Python source (a cell).
+            timeout_s: Wall-clock seconds for this call; default ``limits.timeout_s``. Counted from the
+                moment the worker receives the request (waiting for a worker does not count).
+
+        Returns:
+            The :class:`ExecResult`; timeouts, crashes and OOM are statuses, not exceptions.
+
+        Raises:
+            ClosedError: The sandbox was closed.
+            SandboxError: No worker could be started at all.
+            TypeError: ``code`` is not a string.
+        """
+        if not isinstance(code, str):
+            raise TypeError(f"code must be str, not {type(code).__name__}")
+        timeout = self.limits.timeout_s if timeout_s is None else float(timeout_s)
+        async with self._lock:
+            if self._closed:
+                raise ClosedError("sandbox is closed")
+            if self._handle is None:
+                await self._take_worker()
+            handle = self._handle
+            self.calls += 1
+            t0 = time.monotonic()
+            try:
+                await handle.channel.send({"code": code, "cap": self.limits.output_bytes})
+                resp = await asyncio.wait_for(handle.channel.receive(), timeout)
+            except asyncio.TimeoutError:
+                return await self._replace(
+                    ExecResult(ExecStatus.TIMEOUT, error=f"TimeoutError: the snippet passed {timeout:g} s",
+                               duration_s=time.monotonic() - t0, worker_replaced=True))
+            except (asyncio.IncompleteReadError, ConnectionError, ProtocolError) as e:
+                status, reason = await self._launcher.diagnose(handle)
+                if isinstance(e, ProtocolError):
+                    status, reason = ExecStatus.CRASHED, str(e)
+                return await self._replace(
+                    ExecResult(status, error=reason, duration_s=time.monotonic() - t0, worker_replaced=True))
+            duration = time.monotonic() - t0
+            status = ExecStatus(resp.get("status", "crashed"))
+            result = ExecResult(status, stdout=resp.get("stdout", ""), stderr=resp.get("stderr", ""),
+                                error=resp.get("error", ""), duration_s=duration,
+                                output_truncated=bool(resp.get("truncated")),
+                                worker_replaced=status is ExecStatus.OOM)
+            if status is ExecStatus.OOM:
+                return await self._replace(result)
+            return result
+
+    async def _replace(self, result: ExecResult) -> ExecResult:
+        """Kill the current worker and start its replacement in the background."""
+        handle, self._handle = self._handle, None
+        self.replacements += 1
+        if handle is not None:
+            await self._launcher.kill(handle)
+        if not self._closed:
+            self._next = asyncio.create_task(self._launcher.start())
+        return result
+
+    async def close(self) -> None:
+        """Kill the worker, its replacement (if starting) and everything they started. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        handle, self._handle = self._handle, None
+        task, self._next = self._next, None
+        if handle is not None:
+            await self._launcher.kill(handle)
+        if task is not None:
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await self._launcher.kill(await task)
+
+    async def __aenter__(self) -> WorkerSandbox:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def __repr__(self) -> str:
+        return f"WorkerSandbox(backend={self.backend!r}, calls={self.calls}, closed={self._closed})"
