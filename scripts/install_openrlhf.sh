@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# Install the distributed learner's stack: DeepSpeed (no compiled ops), Ray (core only) and OpenRLHF
+# 0.11.2 without its dependency list (it pins flash-attn, which cannot build without CUDA, and
+# transformers==5.15, which we must not touch), plus the light pure-Python packages that the OpenRLHF
+# modules we import need (peft, torchdata, einops, pylatexenc; hjson/msgpack/ninja/py-cpuinfo/pydantic/psutil come
+# with DeepSpeed).
+#
+# torch and transformers are never installed, upgraded or downgraded: a constraints file pins them to
+# the versions already present.
+#
+# Idempotent: packages already at the pinned versions are left alone. Works without a pip cache.
+#
+# Environment:
+#   PIP   the pip to use (default .venv/bin/pip, relative to the repository root).
+#   PIP_LOCK  a lock file to serialise concurrent installs (default /tmp/pip.lock; set empty to skip).
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+repo="$(dirname "$here")"
+cd "$repo"
+PIP="${PIP:-.venv/bin/pip}"
+PIP_LOCK="${PIP_LOCK-/tmp/pip.lock}"
+py="$(dirname "$PIP")/python"
+[ -x "$py" ] || py="$(command -v python3)"
+
+DEEPSPEED_VERSION=0.19.6
+RAY_VERSION=2.55.0
+OPENRLHF_VERSION=0.11.2
+
+pip_locked() {
+    if [ -n "$PIP_LOCK" ] && command -v flock >/dev/null 2>&1; then
+        flock "$PIP_LOCK" "$PIP" "$@"
+    else
+        "$PIP" "$@"
+    fi
+}
+
+# Pin what is already installed so that no dependency resolution can move it.
+constraints="$(mktemp)"
+trap 'rm -f "$constraints"' EXIT
+"$py" - >"$constraints" <<'EOF'
+import importlib.metadata as md
+for name in ("torch", "transformers", "numpy", "accelerate", "tokenizers", "safetensors"):
+    try:
+        print(f"{name}=={md.version(name)}")
+    except md.PackageNotFoundError:
+        pass
+EOF
+echo "install_openrlhf: constraints: $(tr '\n' ' ' <"$constraints")" >&2
+
+have() {  # have NAME VERSION -> 0 when exactly that version is installed
+    "$py" -c "import importlib.metadata as m,sys; sys.exit(0 if m.version('$1')=='$2' else 1)" 2>/dev/null
+}
+
+need=()
+have deepspeed "$DEEPSPEED_VERSION" || need+=("deepspeed==$DEEPSPEED_VERSION")
+have ray "$RAY_VERSION" || need+=("ray==$RAY_VERSION")
+for pkg in peft torchdata einops pylatexenc; do
+    "$py" -c "import importlib.metadata as m; m.version('$pkg')" 2>/dev/null || need+=("$pkg")
+done
+if [ "${#need[@]}" -gt 0 ]; then
+    echo "install_openrlhf: pip install ${need[*]}" >&2
+    # DS_BUILD_OPS=0: DeepSpeed compiles no C++/CUDA op at install time (JIT on demand, never on CPU here).
+    DS_BUILD_OPS=0 DS_BUILD_AIO=0 DS_BUILD_SPARSE_ATTN=0 \
+        pip_locked install -q -c "$constraints" "${need[@]}"
+fi
+
+if ! have openrlhf "$OPENRLHF_VERSION"; then
+    echo "install_openrlhf: pip install --no-deps openrlhf==$OPENRLHF_VERSION" >&2
+    pip_locked install -q --no-deps "openrlhf==$OPENRLHF_VERSION"
+fi
+
+# OpenRLHF's wheel also ships a top-level `tests` package into site-packages, which can shadow a
+# project's own `tests` folder. Remove it only when OpenRLHF's RECORD lists it as its own file.
+"$py" - <<'EOF'
+import importlib.metadata as md, pathlib, shutil
+dist = md.distribution("openrlhf")
+owned = {str(f) for f in (dist.files or []) if str(f).startswith("tests/")}
+if owned:
+    site = pathlib.Path(dist.locate_file("tests"))
+    init = site / "__init__.py"
+    if init.is_file() and "tests/__init__.py" in owned:
+        others = [p for p in site.rglob("*.py") if str(p.relative_to(site.parent)) not in owned]
+        if not others:
+            shutil.rmtree(site)
+            print(f"install_openrlhf: removed OpenRLHF's stray top-level package {site}")
+EOF
+
+"$py" - <<'EOF'
+import importlib.metadata as md
+for n in ("torch", "transformers", "deepspeed", "ray", "openrlhf", "peft", "torchdata"):
+    print(f"install_openrlhf: {n} {md.version(n)}")
+EOF
