@@ -6,7 +6,7 @@ reads several ``\\boxed{}`` in one text as a set. So:
 
 * the *last* ``\\boxed{...}`` (or ``\\fbox{...}``) is chosen here, with a brace-matching scan, and only
   that answer is graded;
-* grading runs in a spawned worker process (math-verify's own timeouts off); the caller waits at
+* grading runs in a worker subprocess (``python -m agentenv.grading --worker``) (math-verify's own timeouts off); the caller waits at
   most ``timeout_s`` seconds, then kills the worker and a fresh one replaces it. This is safe from
   any thread and, through :func:`grade_answer_async`, from async code.
 
@@ -18,7 +18,13 @@ from __future__ import annotations
 import asyncio
 import atexit
 import logging
-import multiprocessing as mp
+import contextlib
+import importlib
+import json
+import os
+import select
+import subprocess
+import sys
 import queue
 import threading
 import time
@@ -137,38 +143,89 @@ def _normalise(s: str) -> str:
     return "".join(s.split()).rstrip(".")
 
 
-def _worker_main(conn: Any, verify_fn: VerifyFn) -> None:
-    """Worker loop: answer ``(extracted, golds)`` requests until the pipe closes."""
+def _load_fn(path: str) -> VerifyFn:
+    module, _, attr = path.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def _fn_path(fn: VerifyFn | str) -> str:
+    if isinstance(fn, str):
+        return fn
+    return f"{fn.__module__}:{fn.__qualname__}"
+
+
+def _worker_main(fn_path: str) -> None:
+    """Worker loop (``python -m agentenv.grading --worker module:fn``): JSON lines in, JSON lines out.
+
+    The protocol goes over a private copy of the original stdout; fd 1 is pointed at stderr so a
+    grader that prints cannot corrupt it.
+    """
     logging.getLogger("math_verify").setLevel(logging.ERROR)
-    if verify_fn is math_verify_fn:
-        import math_verify  # noqa: F401  (import before reporting ready: startup is not grading time)
-    conn.send("ready")
-    while True:
+    out = os.fdopen(os.dup(1), "w", encoding="utf-8", buffering=1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    fn = _load_fn(fn_path)
+    if fn_path == _fn_path(math_verify_fn).replace("__main__", "agentenv.grading"):
+        import math_verify  # noqa: F401  (imported before "ready": startup is not grading time)
+    out.write('"ready"\n')
+    for line in sys.stdin:
         try:
-            extracted, golds = conn.recv()
-        except (EOFError, OSError):
-            return
-        try:
-            conn.send(verify_fn(extracted, golds))
+            extracted, golds = json.loads(line)
+            reply = list(fn(extracted, golds))
         except Exception as exc:  # the worker must survive any grader failure
-            conn.send((False, f"grader error: {type(exc).__name__}: {exc}"))
+            reply = [False, f"grader error: {type(exc).__name__}: {exc}"]
+        out.write(json.dumps(reply) + "\n")
 
 
 class _Worker:
-    def __init__(self, ctx: Any, verify_fn: VerifyFn, start_timeout_s: float) -> None:
-        self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_worker_main, args=(child, verify_fn), daemon=True, name="agentenv-grader")
-        self.proc.start()
-        child.close()
-        if not self.conn.poll(start_timeout_s) or self.conn.recv() != "ready":
+    """One grading subprocess and its pipes."""
+
+    def __init__(self, fn_path: str, start_timeout_s: float) -> None:
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "agentenv.grading", "--worker", fn_path],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+        )
+        self._buf = b""
+        try:
+            ready = self.read(start_timeout_s)
+        except EOFError:
+            ready = None
+        if ready != "ready":
             self.kill()
-            raise ConfigError(f"grader worker did not start within {start_timeout_s} s")
+            raise ConfigError(f"grader worker ({fn_path}) did not start within {start_timeout_s} s")
+
+    def send(self, obj: Any) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write((json.dumps(obj) + "\n").encode())
+        self.proc.stdin.flush()
+
+    def read(self, timeout_s: float) -> Any:
+        """One JSON reply; None on timeout; EOFError when the worker died."""
+        assert self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        deadline = time.monotonic() + timeout_s
+        while b"\n" not in self._buf:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                return None
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                raise EOFError("grader worker exited")
+            self._buf += chunk
+        line, _, self._buf = self._buf.partition(b"\n")
+        return json.loads(line)
 
     def kill(self) -> None:
-        if self.proc.is_alive():
+        if self.proc.poll() is None:
             self.proc.kill()
-        self.proc.join(timeout=5)
-        self.conn.close()
+        self.proc.wait(timeout=5)
+        for f in (self.proc.stdin, self.proc.stdout):
+            if f is not None:
+                with contextlib.suppress(OSError):
+                    f.close()
 
 
 class Grader:
@@ -176,8 +233,8 @@ class Grader:
 
     Args:
         workers: Most worker processes alive at once (each holds sympy: ~100 MB).
-        verify_fn: Picklable top-level function ``(extracted, golds) -> (correct, reason)`` run in
-            the worker; default :func:`math_verify_fn`.
+        verify_fn: Importable top-level function (or ``"module:function"``) ``(extracted, golds) ->
+            (correct, reason)`` run in the worker; default :func:`math_verify_fn`.
         start_timeout_s: Seconds a new worker may take to import its grader (not counted in any
             grading deadline).
 
@@ -185,11 +242,10 @@ class Grader:
         ConfigError: ``workers < 1``.
     """
 
-    def __init__(self, *, workers: int = 1, verify_fn: VerifyFn = math_verify_fn, start_timeout_s: float = 120.0):
+    def __init__(self, *, workers: int = 1, verify_fn: VerifyFn | str = math_verify_fn, start_timeout_s: float = 120.0):
         if workers < 1:
             raise ConfigError(f"workers must be >= 1, got {workers}")
-        self._ctx = mp.get_context("spawn")  # never fork a process that may hold threads
-        self._verify_fn = verify_fn
+        self._fn_path = _fn_path(verify_fn)  # a fresh interpreter: no fork of a threaded process
         self._start_timeout_s = start_timeout_s
         self._max = workers
         self._idle: queue.Queue[_Worker] = queue.Queue()
@@ -210,7 +266,7 @@ class Grader:
                 self._count += 1
         if create:
             try:
-                return _Worker(self._ctx, self._verify_fn, self._start_timeout_s)
+                return _Worker(self._fn_path, self._start_timeout_s)
             except BaseException:
                 with self._lock:
                     self._count -= 1
@@ -248,12 +304,13 @@ class Grader:
         worker = self._take()
         t0 = time.perf_counter()
         try:
-            worker.conn.send((extracted, golds))
-            if not worker.conn.poll(timeout_s):
+            worker.send([extracted, golds])
+            reply = worker.read(timeout_s)
+            if reply is None:
                 self.timeouts += 1
                 self._drop(worker)
                 return GradeResult(False, extracted, f"timeout after {timeout_s:g} s", time.perf_counter() - t0)
-            correct, reason = worker.conn.recv()
+            correct, reason = reply
         except (EOFError, OSError, BrokenPipeError) as exc:
             self._drop(worker)
             return GradeResult(False, extracted, f"grader crashed: {type(exc).__name__}", time.perf_counter() - t0)
@@ -312,3 +369,7 @@ async def grade_answer_async(
 ) -> GradeResult:
     """Async :func:`grade_answer`; safe inside a running event loop."""
     return await default_grader().grade_async(response_text, ground_truth, timeout_s=timeout_s)
+
+
+if __name__ == "__main__" and len(sys.argv) == 3 and sys.argv[1] == "--worker":
+    _worker_main(sys.argv[2])

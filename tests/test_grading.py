@@ -106,3 +106,14 @@ def test_crashed_worker_is_replaced() -> None:
         r = g.grade("\\boxed{die}", "1", timeout_s=30)
         assert not r.correct and r.reason.startswith("grader crashed")
         assert g.grade("\\boxed{1}", "1", timeout_s=30).correct
+
+
+def printing_verify(extracted: str, golds: list[str]) -> tuple[bool, str]:
+    print("noise on stdout {not json")
+    return extracted in golds, "string compare"
+
+
+def test_grader_output_does_not_corrupt_the_protocol() -> None:
+    with Grader(workers=1, verify_fn=printing_verify) as g:
+        assert g.grade("\\boxed{1}", "1", timeout_s=30).correct
+        assert not g.grade("\\boxed{2}", "1", timeout_s=30).correct

@@ -1,0 +1,213 @@
+"""``python_tool``: a math problem, a sandboxed ``python`` tool, reward 1 for a correct boxed answer."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+from agentenv.core import Env, StepResult
+from agentenv.datasets import MathProblem, load_math
+from agentenv.envs.python_tool.tool import PYTHON_TOOL_SCHEMA, SYSTEM_PROMPT, check_arguments, format_result
+from agentenv.errors import ClosedError, ConfigError, DataError, ResetNeeded
+from agentenv.grading import Grader, default_grader
+from agentenv.sandboxes import SandboxLimits, create_sandbox_pool
+from agentenv.text_spaces import UnicodeText
+from agentenv.tool_calls import HermesToolCallParser, ToolCallParser
+
+INSTRUCTION = "\n\nPut your final answer within \\boxed{}."
+
+
+class PythonToolEnv(Env[str, str]):
+    """Solve a math problem with a Python tool; reward 1.0 when the final ``\\boxed{}`` is right.
+
+    Episode: ``reset`` shows a problem (user message). Each ``step`` takes the model's reply. Tool
+    calls in it run, in order, in the episode's persistent sandbox and the results come back as
+    one ``tool`` observation; a malformed call, an unknown tool or empty code gives an error entry
+    in that observation and the episode goes on. A reply without any tool call is the final
+    answer: the episode terminates with reward 1.0 if its last ``\\boxed{}`` matches the ground truth
+    (:mod:`agentenv.grading`), else 0.0. After ``max_turns`` replies with tool calls it is truncated
+    (reward 0.0).
+
+    Args:
+        dataset: Math set name (:func:`agentenv.datasets.dataset_names`).
+        max_turns: Most replies (steps) per episode, >= 1.
+        sandbox_backend: ``"auto"``, ``"docker"``, ``"bwrap"`` or ``"process"``.
+        sandbox_timeout_s: Seconds one tool call may run.
+        sandbox_pool: An existing pool to share (not closed by this env); by default the env builds
+            its own pool of ``pool_size`` on first use and closes it in :meth:`close`.
+        pool_size: Warm sandboxes of the env's own pool.
+        tool_parser: Tool-call parser; default :class:`~agentenv.tool_calls.HermesToolCallParser`.
+        problems: An explicit problem list; overrides ``dataset``.
+        grade_timeout_s: Seconds grading one answer may take (then graded wrong).
+        grader: Grader to use; default the process-wide one.
+        max_output_chars: Characters kept of each stream of each tool result.
+        data_root: Shared data folder (default :func:`agentenv.paths.data_dir`).
+
+    Raises:
+        ConfigError: ``max_turns < 1`` or an empty ``problems`` list.
+        DataError: Unknown data set or missing file.
+    """
+
+    observation_role: ClassVar[str] = "tool"
+    tools: Sequence[Mapping[str, Any]] = (PYTHON_TOOL_SCHEMA,)
+    system_prompt: str | None = SYSTEM_PROMPT
+    observation_space = UnicodeText(1 << 20)
+    action_space = UnicodeText(1 << 20)
+
+    def __init__(
+        self,
+        dataset: str = "math_train",
+        max_turns: int = 4,
+        sandbox_backend: str = "auto",
+        sandbox_timeout_s: float = 10.0,
+        sandbox_pool: Any = None,
+        pool_size: int = 1,
+        tool_parser: ToolCallParser | None = None,
+        problems: Sequence[MathProblem] | None = None,
+        grade_timeout_s: float = 5.0,
+        grader: Grader | None = None,
+        max_output_chars: int = 4096,
+        data_root: str | None = None,
+    ) -> None:
+        if max_turns < 1:
+            raise ConfigError(f"max_turns must be >= 1, got {max_turns}")
+        if problems is not None:
+            if not problems:
+                raise ConfigError("problems must not be empty")
+            self.problems = tuple(problems)
+        else:
+            self.problems = load_math(dataset, data_root=data_root)
+        self.max_turns = max_turns
+        self.sandbox_backend = sandbox_backend
+        self.sandbox_timeout_s = sandbox_timeout_s
+        self._pool = sandbox_pool
+        self._own_pool = sandbox_pool is None
+        self._pool_size = pool_size
+        self.parser = tool_parser or HermesToolCallParser()
+        self.grade_timeout_s = grade_timeout_s
+        self._grader = grader
+        self.max_output_chars = max_output_chars
+        self._sandbox: Any = None
+        self._problem: MathProblem | None = None
+        self._done = True
+        self._stats: dict[str, Any] = {}
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    async def reset(
+        self, *, seed: int | None = None, options: Mapping[str, Any] | None = None
+    ) -> tuple[str, dict[str, Any]]:
+        """Start an episode on one problem.
+
+        Args:
+            seed: Seeds the env's generator; the same seed picks the same problem.
+            options: ``{"index": i}`` picks problem ``i`` instead of a random one.
+
+        Raises:
+            ClosedError: The env is closed.
+            DataError: ``options["index"]`` is out of range.
+        """
+        if self._closed:
+            raise ClosedError("PythonToolEnv is closed")
+        await super().reset(seed=seed)
+        await self._end_episode()
+        index = (options or {}).get("index")
+        if index is None:
+            index = int(self.np_random.integers(len(self.problems)))
+        elif not 0 <= int(index) < len(self.problems):
+            raise DataError(f"problem index {index} out of range [0, {len(self.problems)})")
+        self._problem = self.problems[int(index)]
+        self._done = False
+        self._stats = {"turn": 0, "tool_calls": 0, "tool_errors": 0, "sandbox_s": 0.0, "grading_s": 0.0}
+        info = {"problem_id": self._problem.id, "index": int(index), "ground_truth": self._problem.answer}
+        return self._problem.problem + INSTRUCTION, info
+
+    async def step(self, action: str) -> StepResult[str]:
+        """Run the reply's tool calls, or grade it when it has none (see the class docstring).
+
+        Raises:
+            ResetNeeded: No episode is running.
+            SandboxError: The sandbox backend cannot start a worker.
+        """
+        if self._done or self._problem is None:
+            raise ResetNeeded("call reset() before step() (the episode is over or never started)")
+        s = self._stats
+        s["turn"] += 1
+        parsed = self.parser.parse(action if isinstance(action, str) else str(action))
+        if not parsed.attempted:
+            return await self._finish(action)
+        parts: list[str] = []
+        n = len(parsed.calls) + len(parsed.errors)
+        for err in parsed.errors:
+            s["tool_errors"] += 1
+            parts.append(f"error: malformed tool call: {err.message}")
+        for call in parsed.calls:
+            s["tool_calls"] += 1
+            try:
+                code = check_arguments(call.name, call.arguments)
+            except ValueError as exc:
+                s["tool_errors"] += 1
+                parts.append(f"error: {exc}")
+                continue
+            result = await self._run(code)
+            if not result.ok:
+                s["tool_errors"] += 1
+            parts.append(format_result(result, self.max_output_chars))
+        if n > 1:
+            parts = [f"[call {i + 1} of {n}]\n{p}" for i, p in enumerate(parts)]
+        observation = "\n\n".join(parts)
+        truncated = s["turn"] >= self.max_turns
+        if truncated:
+            await self._end_episode()
+        return StepResult(observation, 0.0, False, truncated, self._info(truncated=truncated))
+
+    async def close(self) -> None:
+        """Release the sandbox and close the env's own pool. Safe to call twice."""
+        await self._end_episode()
+        if self._own_pool and self._pool is not None:
+            pool, self._pool = self._pool, None
+            await pool.close()
+        await super().close()
+
+    # -- internals ------------------------------------------------------------------------------
+    async def _run(self, code: str) -> Any:
+        t0 = time.perf_counter()
+        if self._sandbox is None:
+            if self._pool is None:
+                limits = SandboxLimits(timeout_s=self.sandbox_timeout_s)
+                self._pool = create_sandbox_pool(backend=self.sandbox_backend, size=self._pool_size, limits=limits)
+            self._sandbox = await self._pool.acquire()
+        result = await self._sandbox.run(code, timeout_s=self.sandbox_timeout_s)
+        self._stats["sandbox_s"] += time.perf_counter() - t0
+        return result
+
+    async def _finish(self, reply: str) -> StepResult[str]:
+        assert self._problem is not None
+        grader = self._grader or default_grader()
+        t0 = time.perf_counter()
+        grade = await grader.grade_async(reply, self._problem.answers, timeout_s=self.grade_timeout_s)
+        self._stats["grading_s"] = time.perf_counter() - t0
+        await self._end_episode()
+        info = self._info(truncated=False)
+        info.update(extracted_answer=grade.extracted, grade_reason=grade.reason, correct=grade.correct)
+        return StepResult("", 1.0 if grade.correct else 0.0, True, False, info)
+
+    def _info(self, *, truncated: bool) -> dict[str, Any]:
+        assert self._problem is not None
+        backend = getattr(self._pool, "backend", None) if self._pool is not None else None
+        return {
+            **self._stats,
+            "problem_id": self._problem.id,
+            "ground_truth": self._problem.answer,
+            "sandbox_backend": backend,
+            "truncated_by": "max_turns" if truncated else None,
+        }
+
+    async def _end_episode(self) -> None:
+        self._done = True
+        sb, self._sandbox = self._sandbox, None
+        if sb is not None and self._pool is not None:
+            await self._pool.release(sb)
+
+    def __repr__(self) -> str:
+        return f"<PythonToolEnv problems={len(self.problems)} max_turns={self.max_turns} backend={self.sandbox_backend}>"
