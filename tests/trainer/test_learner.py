@@ -1,0 +1,244 @@
+"""The single-process learner on tiny random Llama/Qwen2 models."""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from agentenv.errors import ConfigError, DataError
+from agentenv.trajectory import Trajectory
+from agentenv.trainer.learner import Learner, OptimConfig
+
+from .conftest import make_trajectories, on_policy, tiny_model
+
+
+def _manual_logprobs(model, tr: Trajectory) -> torch.Tensor:
+    ids = torch.tensor([tr.token_ids])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, :-1].double()
+    lp = torch.log_softmax(logits, -1).gather(1, ids[0, 1:, None])[:, 0]
+    return lp[torch.tensor(tr.loss_mask[1:], dtype=torch.bool)].float()
+
+
+def _grads(learner, trajs, scores=None):
+    learner.optimizer.zero_grad(set_to_none=True)
+    batch, adm = learner.prepare(trajs, scores)
+    stats = learner.backward(batch, adm)
+    return {n: p.grad.clone() for n, p in learner.model.named_parameters() if p.grad is not None}, stats
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_score_matches_unpadded_forward(arch):
+    model = tiny_model(1, arch)
+    trajs = make_trajectories(5, seed=1)
+    learner = Learner(model, OptimConfig(micro_batch_size=2))
+    scores = learner.score(trajs)
+    for tr, s in zip(trajs, scores, strict=True):
+        assert s.shape == (tr.num_policy_tokens,)
+        torch.testing.assert_close(s, _manual_logprobs(model, tr), rtol=1e-5, atol=1e-5)
+
+
+def test_gradient_matches_hand_written_loss_and_ignores_micro_batching():
+    model = tiny_model(2)
+    learner = Learner(model, OptimConfig(micro_batch_size=8, delta=10.0))
+    trajs = make_trajectories(8, seed=2)
+    trajs = on_policy(trajs, learner.score(trajs), noise=0.05)
+    g8, st8 = _grads(learner, trajs)
+    # the hand-written loss on unpadded sequences
+    model.zero_grad()
+    rewards = torch.tensor([t.reward for t in trajs])
+    adv = rewards - rewards.mean()
+    total = 0.0
+    for i, tr in enumerate(trajs):
+        ids = torch.tensor([tr.token_ids])
+        lp = torch.log_softmax(model(input_ids=ids).logits[0, :-1].float(), -1).gather(1, ids[0, 1:, None])[:, 0]
+        m = torch.tensor(tr.loss_mask[1:], dtype=torch.bool)
+        blp = torch.tensor(tr.behaviour_logprobs[1:])[m]
+        rho = torch.exp(lp[m].detach() - blp)
+        total = total - adv[i] / (len(trajs) * int(m.sum())) * (rho * lp[m]).sum()
+    total.backward()
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(g8[n], p.grad, rtol=1e-4, atol=1e-7)
+    for mbs in (1, 3):
+        learner.config = OptimConfig(micro_batch_size=mbs, delta=10.0)
+        g, st = _grads(learner, trajs)
+        for n in g8:
+            torch.testing.assert_close(g[n], g8[n], rtol=1e-4, atol=1e-7)
+        assert st.loss_sum == pytest.approx(st8.loss_sum, rel=1e-5)
+        assert st.admitted == st8.admitted == 8
+
+
+def _rank_worker(rank, world, init_file, out_dir, trajs_dicts):
+    torch.distributed.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        torch.set_num_threads(1)
+        learner = Learner(tiny_model(3), OptimConfig(micro_batch_size=2, delta=10.0))
+        trajs = [Trajectory.from_dict(d) for d in trajs_dicts]
+        learner.optimizer.zero_grad(set_to_none=True)
+        batch, adm = learner.prepare(trajs)
+        stats = learner.backward(batch, adm)
+        from agentenv.trainer.learner import _all_reduce_grads, _all_reduce_stats
+
+        _all_reduce_grads(learner._params)
+        stats = _all_reduce_stats(stats)
+        grads = {n: p.grad for n, p in learner.model.named_parameters()}
+        torch.save({"grads": grads, "loss": stats.loss_sum, "rows": stats.rows}, os.path.join(out_dir, f"r{rank}.pt"))
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def test_two_ranks_gloo_equal_one_rank():
+    trajs = make_trajectories(7, seed=3)  # 7 rows: shards of 4 and 3
+    ref = Learner(tiny_model(3), OptimConfig(micro_batch_size=7, delta=10.0))
+    g1, st1 = _grads(ref, trajs)
+    with tempfile.TemporaryDirectory() as d:
+        args = (2, os.path.join(d, "init"), d, [t.to_dict() for t in trajs])
+        # fork: a spawned child re-imports torch+transformers (~15 s each on 2 cores)
+        mp.start_processes(_rank_worker, args=args, nprocs=2, start_method="fork")
+        for r in (0, 1):
+            res = torch.load(os.path.join(d, f"r{r}.pt"))
+            assert res["rows"] == 7
+            assert res["loss"] == pytest.approx(st1.loss_sum, rel=1e-5)
+            for n in g1:
+                torch.testing.assert_close(res["grads"][n], g1[n], rtol=1e-4, atol=1e-7)
+
+
+def test_update_steps_version_and_weights_for_engine(tmp_path):
+    model = tiny_model(4)
+    learner = Learner(model, OptimConfig(lr=1e-3, micro_batch_size=3, delta=10.0))
+    trajs = make_trajectories(6, seed=4, rewards=[1, 0, 1, 0, 0, 1])
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    st = learner.update(trajs, scores=learner.score(trajs))
+    assert st.stepped and st.version == learner.version == 1
+    assert st.rows == 6 and st.grad_norm > 0 and math.isfinite(st.loss)
+    assert st.objective.admitted == 6 and st.objective.advantage_mean == pytest.approx(0.0, abs=1e-7)
+    assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
+    m = st.to_metrics()
+    assert m["train/version"] == 1 and m["gate/admitted_fraction"] == 1.0
+    sd = learner.weights_for_engine()
+    fresh = tiny_model(99)
+    fresh.load_state_dict(sd)
+    for k, v in model.state_dict().items():
+        assert torch.equal(fresh.state_dict()[k], v)
+    path = learner.weights_for_engine(tmp_path / "w.safetensors")
+    from safetensors.torch import load_file
+
+    assert torch.equal(load_file(str(path))["lm_head.weight"], model.state_dict()["lm_head.weight"])
+
+
+def test_update_reduces_loss_on_repeated_batch():
+    model = tiny_model(5)
+    learner = Learner(model, OptimConfig(lr=3e-3, weight_decay=0.0, micro_batch_size=4, delta=10.0))
+    trajs = make_trajectories(4, seed=5, rewards=[1, 0, 0, 0])
+    win = trajs[0]
+    lp0 = learner.score([win])[0].mean()
+    for _ in range(5):
+        learner.update(trajs)
+    assert learner.score([win])[0].mean() > lp0 + 0.05  # the rewarded trajectory got more likely
+    assert learner.version == 5
+
+
+def test_all_rejected_is_skipped_and_training_continues():
+    model = tiny_model(6)
+    learner = Learner(model, OptimConfig(lr=1e-3, delta=1e-3))
+    trajs = make_trajectories(4, seed=6, rewards=[1, 0, 1, 0])  # random behaviour log-probs: far off-policy
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    st = learner.update(trajs, scores=learner.score(trajs))
+    assert not st.stepped and st.version == 0 and st.objective.admitted == 0 and st.grad_norm == 0.0
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    st = learner.update(trajs)  # gate on the training forward: same decision
+    assert not st.stepped and st.objective.admitted == 0
+    # on-policy batch is admitted and steps
+    good = on_policy(trajs, learner.score(trajs))
+    st = learner.update(good, scores=learner.score(good))
+    assert st.stepped and st.version == 1 and st.objective.admitted == 4
+    # opting in to a step on a zero gradient: weight decay moves the weights, version counts it
+    learner2 = Learner(model, OptimConfig(lr=1e-3, step_on_zero_gradient=True))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    st = learner2.update(trajs)
+    assert st.stepped and st.version == 1
+    assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_equal_rewards_zero_gradient_skip():
+    learner = Learner(tiny_model(7), OptimConfig(delta=10.0))
+    trajs = make_trajectories(3, seed=7, rewards=[1, 1, 1])
+    g, _ = _grads(learner, trajs)
+    assert all(not v.any() for v in g.values())
+    assert not learner.update(trajs).stepped
+
+
+def test_bad_input_errors_name_the_trajectory():
+    learner = Learner(tiny_model(8), OptimConfig(delta=10.0))
+    with pytest.raises(DataError, match="empty batch"):
+        learner.update([])
+    trajs = make_trajectories(3, seed=8)
+    j = trajs[1].loss_mask.index(1)
+    trajs[1].behaviour_logprobs[j] = float("nan")
+    with pytest.raises(DataError, match=trajs[1].id):
+        learner.update(trajs)
+    trajs = make_trajectories(3, seed=8)
+    with pytest.raises(DataError, match="scores"):
+        learner.update(trajs, scores=[torch.zeros(1)] * 3)
+    # NaN in the current policy's log-probs (broken weights): named, and nothing stepped
+    with torch.no_grad():
+        learner.model.lm_head.weight[5, 0] = float("nan")
+    with pytest.raises(DataError, match=r"trajectory traj8-\d"):
+        learner.update(trajs)
+    with pytest.raises(DataError, match=r"trajectory traj8-\d"):
+        learner.score(trajs)
+    assert learner.version == 0
+
+
+def test_trajectory_without_policy_tokens_is_excluded():
+    learner = Learner(tiny_model(9), OptimConfig(delta=10.0))
+    trajs = make_trajectories(3, seed=9, rewards=[1, 0, 0])
+    empty = Trajectory(id="empty", reward=1.0)
+    empty.append_environment_tokens([1, 2, 3])
+    st = learner.update(trajs + [empty])
+    assert st.excluded_rows == 1 and st.rows == 3 and st.objective.excluded_rows == 1
+    assert st.reward_mean == pytest.approx(1 / 3)
+    assert learner.score(trajs + [empty])[3].shape == (0,)
+
+
+def test_grpo_config_and_update():
+    with pytest.raises(ConfigError, match="n = 1"):
+        OptimConfig(objective="grpo", grpo_group_size=1)
+    with pytest.raises(ConfigError):
+        OptimConfig(objective="ppo")
+    model = tiny_model(10)
+    learner = Learner(model, OptimConfig(objective="grpo", grpo_group_size=2, micro_batch_size=3))
+    trajs = make_trajectories(4, seed=10, rewards=[1, 0, 0, 0])
+    trajs = on_policy(trajs, learner.score(trajs))
+    g, st = _grads(learner, trajs)
+    # on-policy (ratio 1, nothing clipped): grad of -(1/N) sum A_i lp_it with group-normalised A
+    model.zero_grad()
+    a = torch.tensor([1 / (math.sqrt(0.5) + 1e-6), -1 / (math.sqrt(0.5) + 1e-6), 0.0, 0.0]) * 0.5
+    n_tok = sum(t.num_policy_tokens for t in trajs)
+    total = 0.0
+    for i, tr in enumerate(trajs):
+        ids = torch.tensor([tr.token_ids])
+        lp = torch.log_softmax(model(input_ids=ids).logits[0, :-1], -1).gather(1, ids[0, 1:, None])[:, 0]
+        m = torch.tensor(tr.loss_mask[1:], dtype=torch.bool)
+        total = total - a[i] * lp[m].sum() / n_tok
+    total.backward()
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(g[n], p.grad, rtol=1e-4, atol=1e-7)
+    assert st.clipped_tokens == 0
+    assert learner.update(trajs).stepped
+    with pytest.raises(DataError, match="whole number"):
+        learner.update(trajs[:3])
+
+
+def test_entropy_filter_runs_in_learner():
+    learner = Learner(tiny_model(11), OptimConfig(delta=10.0, entropy_keep_fraction=0.5))
+    trajs = make_trajectories(4, seed=11, rewards=[1, 0, 0, 0])
+    _, st = _grads(learner, trajs)
+    failed_tokens = sum(t.num_policy_tokens for t in trajs[1:])
+    kept_failed = sum(math.ceil(0.5 * t.num_policy_tokens) for t in trajs[1:])
+    assert st.kept_tokens == trajs[0].num_policy_tokens + kept_failed < trajs[0].num_policy_tokens + failed_tokens

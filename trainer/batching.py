@@ -1,0 +1,206 @@
+"""Trajectories -> padded tensors for the learner, and splits that keep the global denominators.
+
+Tensor legend:
+
+* ``b``: rows (trajectories) in a batch or micro-batch; ``B`` rows in the whole fresh batch.
+* ``L``: padded sequence length in tokens (right padding); ``t = L - 1`` label positions.
+
+Label alignment: the model's logits at position ``j`` predict token ``j + 1``, so every per-token
+training tensor is indexed by *label position* ``j`` in ``[0, L - 1)`` and describes token
+``j + 1``: ``labels[:, j] = input_ids[:, j + 1]``, ``loss_mask[:, j] = trajectory.loss_mask[j + 1]``,
+``behaviour_logprobs[:, j] = trajectory.behaviour_logprobs[j + 1]``. A trajectory's first token has
+no label position, so it must not be a policy token.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import torch
+
+from agentenv.errors import DataError
+from agentenv.trajectory import Trajectory
+
+__all__ = ["PolicyBatch", "build_batch", "shard", "split_micro_batches"]
+
+
+@dataclass(frozen=True)
+class PolicyBatch:
+    """A padded batch of trajectories, ready for a forward pass and an objective.
+
+    Attributes:
+        input_ids: ``(b, L)`` long token ids, right-padded with the pad id.
+        attention_mask: ``(b, L)`` long, 1 at real tokens.
+        labels: ``(b, t)`` long, ``input_ids[:, 1:]`` (pad id at padding).
+        loss_mask: ``(b, t)`` bool, True at label positions holding a policy token.
+        behaviour_logprobs: ``(b, t)`` float32 sampler log-probabilities (nats) at label positions; 0
+            elsewhere.
+        rewards: ``(b,)`` float32 episode returns.
+        lengths: ``(b,)`` long, T_i = policy tokens of each row (the per-row denominator).
+        advantages: ``(b,)`` float32, filled by the learner over the *global* batch (zeros until then).
+        ids: The trajectories' ids, row order.
+        global_batch_size: B, rows in the whole fresh batch (kept by every split).
+        global_tokens: N, policy tokens in the whole fresh batch (kept by every split).
+        excluded_rows: Trajectories dropped because they had no policy token.
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    labels: torch.Tensor
+    loss_mask: torch.Tensor
+    behaviour_logprobs: torch.Tensor
+    rewards: torch.Tensor
+    lengths: torch.Tensor
+    advantages: torch.Tensor
+    ids: tuple[str, ...]
+    global_batch_size: int
+    global_tokens: int
+    excluded_rows: int = 0
+
+    @property
+    def num_rows(self) -> int:
+        """b, rows in this (micro-)batch."""
+        return int(self.input_ids.shape[0])
+
+    def to(self, device: torch.device | str) -> PolicyBatch:
+        """A copy with every tensor on ``device``."""
+        return replace(
+            self,
+            **{k: getattr(self, k).to(device) for k in _ROW_TENSORS},
+        )
+
+    def select(self, rows: Sequence[int] | slice) -> PolicyBatch:
+        """Rows ``rows`` as a new batch, padding trimmed to their longest row; B and N are kept."""
+        idx = (
+            torch.arange(self.num_rows)[rows]
+            if isinstance(rows, slice)
+            else torch.as_tensor(list(rows), dtype=torch.long)
+        )
+        if idx.numel() == 0:
+            raise DataError("cannot select zero rows of a batch")
+        keep_len = int(self.attention_mask[idx].sum(dim=1).max())
+        out = {}
+        for k in _ROW_TENSORS:
+            x = getattr(self, k)[idx]
+            if k in ("input_ids", "attention_mask"):
+                x = x[:, :keep_len]
+            elif x.dim() == 2:
+                x = x[:, : max(keep_len - 1, 0)]
+            out[k] = x
+        ids = tuple(self.ids[int(i)] for i in idx)
+        return replace(self, ids=ids, **out)
+
+
+_ROW_TENSORS = (
+    "input_ids",
+    "attention_mask",
+    "labels",
+    "loss_mask",
+    "behaviour_logprobs",
+    "rewards",
+    "lengths",
+    "advantages",
+)
+
+
+def build_batch(trajectories: Sequence[Trajectory], pad_token_id: int = 0) -> PolicyBatch:
+    """Pad trajectories into a :class:`PolicyBatch` (label-aligned, see the module docstring).
+
+    Trajectories with no policy token are excluded and counted in ``excluded_rows``; B and N count
+    the remaining rows.
+
+    Args:
+        trajectories: The fresh batch, in the order the pool gave it.
+        pad_token_id: Id used to pad ``input_ids`` and ``labels`` (never attended to or scored).
+
+    Returns:
+        The padded batch (CPU tensors).
+
+    Raises:
+        DataError: an empty batch (or one where no trajectory has a policy token), per-token lists of
+            different lengths, a policy token at position 0, or a non-finite or positive (> 1e-6)
+            behaviour log-probability at a policy token. The message names the trajectory id.
+    """
+    if not trajectories:
+        raise DataError("empty batch: no trajectories")
+    kept: list[Trajectory] = []
+    for tr in trajectories:
+        n = len(tr.token_ids)
+        if len(tr.loss_mask) != n or len(tr.behaviour_logprobs) != n:
+            raise DataError(
+                f"trajectory {tr.id}: {n} token ids, {len(tr.loss_mask)} loss-mask entries and "
+                f"{len(tr.behaviour_logprobs)} behaviour log-probabilities"
+            )
+        if not any(tr.loss_mask):
+            continue
+        if tr.loss_mask[0]:
+            raise DataError(f"trajectory {tr.id}: its first token is a policy token and has no context")
+        for j, (m, lp) in enumerate(zip(tr.loss_mask, tr.behaviour_logprobs, strict=True)):
+            if m and (not math.isfinite(lp) or lp > 1e-6):
+                raise DataError(f"trajectory {tr.id}: invalid behaviour log-probability {lp!r} at token {j}")
+        kept.append(tr)
+    if not kept:
+        raise DataError(f"empty batch: none of the {len(trajectories)} trajectories has a policy token")
+
+    b = len(kept)
+    seq = max(len(tr.token_ids) for tr in kept)
+    input_ids = torch.full((b, seq), pad_token_id, dtype=torch.long)
+    attention = torch.zeros((b, seq), dtype=torch.long)
+    loss_mask = torch.zeros((b, seq), dtype=torch.bool)
+    blp = torch.zeros((b, seq), dtype=torch.float32)
+    for i, tr in enumerate(kept):
+        n = len(tr.token_ids)
+        input_ids[i, :n] = torch.tensor(tr.token_ids, dtype=torch.long)
+        attention[i, :n] = 1
+        loss_mask[i, :n] = torch.tensor(tr.loss_mask, dtype=torch.bool)
+        blp[i, :n] = torch.tensor(tr.behaviour_logprobs, dtype=torch.float32)
+    lengths = loss_mask.sum(dim=1)
+    return PolicyBatch(
+        input_ids=input_ids,
+        attention_mask=attention,
+        labels=input_ids[:, 1:].clone(),
+        loss_mask=loss_mask[:, 1:].clone(),
+        behaviour_logprobs=blp[:, 1:].clone(),
+        rewards=torch.tensor([float(tr.reward) for tr in kept], dtype=torch.float32),
+        lengths=lengths,
+        advantages=torch.zeros(b, dtype=torch.float32),
+        ids=tuple(tr.id for tr in kept),
+        global_batch_size=b,
+        global_tokens=int(lengths.sum()),
+        excluded_rows=len(trajectories) - b,
+    )
+
+
+def split_micro_batches(batch: PolicyBatch, micro_batch_size: int) -> list[PolicyBatch]:
+    """Consecutive micro-batches of at most ``micro_batch_size`` rows (rows are never split).
+
+    Every micro-batch keeps ``global_batch_size``, ``global_tokens`` and each row's ``lengths``, so
+    the objectives' partial losses add up to the full-batch loss.
+
+    Raises:
+        DataError: ``micro_batch_size < 1``.
+    """
+    if micro_batch_size < 1:
+        raise DataError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
+    return [
+        batch.select(slice(s, min(s + micro_batch_size, batch.num_rows)))
+        for s in range(0, batch.num_rows, micro_batch_size)
+    ]
+
+
+def shard(batch: PolicyBatch, rank: int, world_size: int) -> PolicyBatch | None:
+    """Rank ``rank``'s contiguous share of the rows for data parallelism (None when it gets none).
+
+    Shares differ by at most one row; B and N stay global.
+
+    Raises:
+        DataError: ``rank`` outside ``[0, world_size)``.
+    """
+    if not 0 <= rank < world_size:
+        raise DataError(f"rank {rank} outside [0, {world_size})")
+    per, extra = divmod(batch.num_rows, world_size)
+    start = rank * per + min(rank, extra)
+    stop = start + per + (1 if rank < extra else 0)
+    return batch.select(slice(start, stop)) if stop > start else None

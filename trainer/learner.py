@@ -1,0 +1,512 @@
+"""A single-process learner (CPU or one GPU, optionally data-parallel over torch.distributed).
+
+``Learner(model, config)`` owns the model, the AdamW optimizer and a warmup scheduler; it scores
+trajectories for PACE's drift and the gate, and applies exactly one optimizer step per fresh batch
+with :mod:`agentenv.trainer.objectives` (FlashREINFORCE or GRPO), accumulating gradients over
+micro-batches with the *global* denominators B and T_i (or N for GRPO). Under torch.distributed
+every rank receives the whole batch, works on its contiguous share of the rows, and the partial
+gradients are all-reduced with SUM (the denominators are global, so no averaging).
+
+Policy version = number of optimizer steps taken. A batch that carries no gradient at all (every
+row rejected by the gate, or every admitted row with advantage exactly 0) is discarded *without* an
+optimizer step by default (``OptimConfig.step_on_zero_gradient = False``): AdamW would otherwise
+still move the weights (decoupled weight decay and the momentum of earlier batches) with no learning
+signal, and bump the version, which would count as staleness for every trajectory in flight. The
+skip is reported in :class:`UpdateStats` (``stepped = False``) and logged.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+
+from agentenv.errors import ConfigError, DataError
+from agentenv.trajectory import Trajectory
+from agentenv.trainer.batching import PolicyBatch, build_batch, shard, split_micro_batches
+from agentenv.trainer.objectives import (
+    ObjectiveStats,
+    _check_delta,
+    _check_fraction,
+    batch_mean_advantages,
+    bernoulli_kl_gate,
+    flash_reinforce_loss,
+    group_advantages,
+    grpo_loss,
+)
+
+__all__ = ["Learner", "OptimConfig", "UpdateStats", "token_logprobs"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """Optimizer and objective settings (paper defaults from DESIGN.md).
+
+    Attributes:
+        objective: ``"flash_reinforce"`` (the method) or ``"grpo"`` (the comparison baseline).
+        lr: AdamW learning rate (per optimizer step).
+        weight_decay: AdamW decoupled weight decay.
+        betas: AdamW (beta1, beta2).
+        adam_eps: AdamW epsilon.
+        grad_clip: Max global gradient L2 norm; 0 disables clipping.
+        warmup_steps: Linear learning-rate warmup over this many optimizer steps (0: constant).
+        micro_batch_size: Rows per forward/backward pass (gradient accumulation; does not change the
+            gradient).
+        delta: FlashREINFORCE gate threshold on D_i (nats), admitted iff ``D_i <= delta``.
+        entropy_keep_fraction: FlashREINFORCE negative-token entropy filter ``q`` in [0, 1]; None off.
+        grpo_group_size: GRPO samples per prompt (contiguous rows); must be >= 2.
+        grpo_clip_eps: GRPO/PPO ratio clip epsilon.
+        step_on_zero_gradient: Take the optimizer step (and bump the version) even when the batch
+            carries no gradient (all rows rejected or zero advantage). Default False: skip it.
+    """
+
+    objective: Literal["flash_reinforce", "grpo"] = "flash_reinforce"
+    lr: float = 1e-6
+    weight_decay: float = 0.1
+    betas: tuple[float, float] = (0.9, 0.999)
+    adam_eps: float = 1e-8
+    grad_clip: float = 1.0
+    warmup_steps: int = 0
+    micro_batch_size: int = 4
+    delta: float = 1e-3
+    entropy_keep_fraction: float | None = None
+    grpo_group_size: int = 8
+    grpo_clip_eps: float = 0.2
+    step_on_zero_gradient: bool = False
+
+    def __post_init__(self) -> None:
+        if self.objective not in ("flash_reinforce", "grpo"):
+            raise ConfigError(f"objective must be 'flash_reinforce' or 'grpo', got {self.objective!r}")
+        if not self.lr > 0 or self.weight_decay < 0 or self.grad_clip < 0 or self.warmup_steps < 0:
+            raise ConfigError("lr must be > 0; weight_decay, grad_clip and warmup_steps must be >= 0")
+        if not all(0.0 <= b < 1.0 for b in self.betas):
+            raise ConfigError(f"betas must lie in [0, 1), got {self.betas}")
+        if self.micro_batch_size < 1:
+            raise ConfigError(f"micro_batch_size must be >= 1, got {self.micro_batch_size}")
+        _check_delta(self.delta)
+        if self.entropy_keep_fraction is not None:
+            _check_fraction(self.entropy_keep_fraction)
+        if self.objective == "grpo":
+            if self.grpo_group_size < 2:
+                raise ConfigError(
+                    f"GRPO needs grpo_group_size >= 2 (got {self.grpo_group_size}): with n = 1 the group "
+                    "baseline makes every advantage 0"
+                )
+            if not self.grpo_clip_eps > 0:
+                raise ConfigError(f"grpo_clip_eps must be > 0, got {self.grpo_clip_eps}")
+
+
+@dataclass(frozen=True)
+class UpdateStats:
+    """What one :meth:`Learner.update` did.
+
+    Attributes:
+        version: Policy version after the update (optimizer steps so far).
+        stepped: Whether an optimizer step was taken (False: zero-gradient batch skipped).
+        objective: Summed objective statistics over micro-batches and ranks.
+        loss: Full-batch loss value.
+        grad_norm: Global gradient L2 norm before clipping (0.0 when not stepped).
+        lr: Learning rate used for the step.
+        rows: B, rows trained on; excluded_rows: trajectories without policy tokens, dropped.
+        reward_mean: Mean episode return over the B rows.
+        mean_length: Mean policy tokens per row (tokens).
+        mean_sequence_length: Mean tokens per row, prompt and observations included.
+        seconds: Wall time of the update (seconds); tokens_per_second: sequence tokens / seconds.
+    """
+
+    version: int
+    stepped: bool
+    objective: ObjectiveStats
+    loss: float
+    grad_norm: float
+    lr: float
+    rows: int
+    excluded_rows: int
+    reward_mean: float
+    mean_length: float
+    mean_sequence_length: float
+    seconds: float
+    tokens_per_second: float
+    extra: dict[str, float] = field(default_factory=dict)
+
+    def to_metrics(self) -> dict[str, float]:
+        """A flat dict for :class:`agentenv.trainer.metrics.MetricsWriter` (``train/...`` keys)."""
+        o = self.objective
+        return {
+            "train/version": float(self.version),
+            "train/stepped": float(self.stepped),
+            "train/loss": self.loss,
+            "train/surrogate": o.surrogate_sum,
+            "train/grad_norm": self.grad_norm,
+            "train/lr": self.lr,
+            "train/rows": float(self.rows),
+            "train/excluded_rows": float(self.excluded_rows),
+            "gate/admitted_fraction": o.admitted_fraction,
+            "gate/mean_d": o.mean_d,
+            "gate/mean_rho": o.mean_rho,
+            "train/clip_fraction": o.clip_fraction,
+            "train/advantage_mean": o.advantage_mean,
+            "train/advantage_std": o.advantage_std,
+            "train/kept_tokens": float(o.kept_tokens),
+            "train/policy_tokens": float(o.tokens),
+            "train/behaviour_entropy": o.behaviour_nll_sum / o.tokens if o.tokens else math.nan,
+            "reward/mean": self.reward_mean,
+            "length/policy_tokens_mean": self.mean_length,
+            "length/sequence_tokens_mean": self.mean_sequence_length,
+            "perf/update_seconds": self.seconds,
+            "perf/tokens_per_second": self.tokens_per_second,
+            **self.extra,
+        }
+
+
+def token_logprobs(
+    model: torch.nn.Module, batch: PolicyBatch, *, with_entropy: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Current log pi(label) at every label position, and optionally the per-token entropy.
+
+    Args:
+        model: A causal LM returning ``.logits`` of shape ``(b, L, V)``.
+        batch: The (micro-)batch.
+        with_entropy: Also return the full-vocabulary entropy (nats), computed without gradient.
+
+    Returns:
+        ``(logprobs (b, t) float32, entropy (b, t) float32 or None)``; values at padding are finite
+        but meaningless (the objectives mask them).
+    """
+    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1]
+    logits = logits.float()
+    b, t, v = logits.shape
+    lp = -F.cross_entropy(logits.reshape(b * t, v), batch.labels.reshape(b * t), reduction="none")
+    ent = None
+    if with_entropy:
+        with torch.no_grad():
+            logp = torch.log_softmax(logits.detach(), dim=-1)
+            ent = -(logp.exp() * logp).sum(-1)
+    return lp.view(b, t), ent
+
+
+class Learner:
+    """Single-process FlashREINFORCE/GRPO learner for a transformers causal LM.
+
+    Args:
+        model: A causal LM (``transformers`` ``PreTrainedModel`` or anything returning ``.logits``).
+        config: :class:`OptimConfig`.
+        pad_token_id: Pad id for batching (the tokenizer's pad id; never scored).
+        version: Starting policy version (a resumed run passes the checkpoint's).
+
+    Attributes:
+        version: Policy version = optimizer steps taken (including those before a resume).
+        optimizer: ``torch.optim.AdamW``; scheduler: ``LambdaLR`` linear warmup then constant.
+    """
+
+    def __init__(
+        self, model: torch.nn.Module, config: OptimConfig, *, pad_token_id: int = 0, version: int = 0
+    ) -> None:
+        self.model = model
+        self.config = config
+        self.pad_token_id = pad_token_id
+        self.version = version
+        params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(
+            params, lr=config.lr, betas=config.betas, eps=config.adam_eps, weight_decay=config.weight_decay
+        )
+        warm = config.warmup_steps
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0
+        )
+        self._params = params
+
+    # -- scoring ----------------------------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        """Device of the model's parameters."""
+        return next(self.model.parameters()).device
+
+    @torch.no_grad()
+    def score(self, trajectories: Sequence[Trajectory]) -> list[torch.Tensor]:
+        """Current log pi(a_t) of each trajectory's policy tokens, without gradient.
+
+        Used by PACE's prefix drift and as the gate's ``q`` (pass the result to :meth:`update`).
+
+        Returns:
+            One ``(T_i,)`` float32 CPU tensor per trajectory, in order (``(0,)`` for a trajectory with
+            no policy token).
+
+        Raises:
+            DataError: as :func:`agentenv.trainer.batching.build_batch`, or a non-finite current
+                log-probability at a policy token (names the trajectory).
+        """
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            out: dict[str, torch.Tensor] = {}
+            batch = build_batch(trajectories, self.pad_token_id)
+            for mb in split_micro_batches(batch, self.config.micro_batch_size):
+                mb = mb.to(self.device)
+                lp, _ = token_logprobs(self.model, mb)
+                for i, tid in enumerate(mb.ids):
+                    row = lp[i][mb.loss_mask[i]].float().cpu()
+                    if not torch.isfinite(row).all():
+                        raise DataError(f"trajectory {tid}: non-finite current log-probability")
+                    out[tid] = row
+        finally:
+            self.model.train(was_training)
+        return [out.get(tr.id, torch.zeros(0)) for tr in trajectories]
+
+    # -- gradients --------------------------------------------------------------------------------
+    def prepare(
+        self, trajectories: Sequence[Trajectory], scores: Sequence[torch.Tensor] | None = None
+    ) -> tuple[PolicyBatch, torch.Tensor | None]:
+        """Build the padded batch, its global advantages and (with ``scores``) the gate decision.
+
+        Returns:
+            ``(batch, admitted)``: ``admitted`` is ``(B,)`` bool from the scores, or None.
+
+        Raises:
+            DataError: empty batch, malformed trajectory, scores not matching the trajectories.
+            ConfigError: GRPO with a batch that is not whole groups.
+        """
+        batch = build_batch(trajectories, self.pad_token_id)
+        if self.config.objective == "grpo":
+            adv = group_advantages(batch.rewards, self.config.grpo_group_size)
+        else:
+            adv = batch_mean_advantages(batch.rewards)
+        batch = _replace_adv(batch, adv.float())
+        admitted = None
+        if scores is not None and self.config.objective == "flash_reinforce":
+            by_id = {tr.id: s for tr, s in zip(trajectories, scores, strict=True)}
+            q = torch.zeros_like(batch.behaviour_logprobs)
+            for i, tid in enumerate(batch.ids):
+                s = by_id[tid].float().reshape(-1)
+                if s.numel() != int(batch.lengths[i]):
+                    raise DataError(f"trajectory {tid}: {s.numel()} scores for {int(batch.lengths[i])} tokens")
+                q[i][batch.loss_mask[i]] = s
+            _, admitted = bernoulli_kl_gate(q, batch.behaviour_logprobs, batch.loss_mask, self.config.delta)
+        return batch, admitted
+
+    def backward(self, batch: PolicyBatch, admitted: torch.Tensor | None = None) -> ObjectiveStats:
+        """Accumulate this rank's share of the full-batch gradient into ``.grad`` (no step, no reduce).
+
+        Rows are processed in micro-batches of ``config.micro_batch_size``; the objective uses the
+        global B, T_i and N, so the accumulated gradient does not depend on the split.
+
+        Args:
+            batch: From :meth:`prepare` (advantages filled).
+            admitted: ``(B,)`` precomputed gate decision, or None to gate on the training forward.
+
+        Returns:
+            This rank's summed :class:`ObjectiveStats`.
+        """
+        cfg = self.config
+        rank, world = _rank_world()
+        mine = shard(batch, rank, world) if world > 1 else batch
+        stats = ObjectiveStats()
+        if mine is None:
+            return stats
+        offset = _shard_offset(batch.num_rows, rank, world)
+        adm_mine = admitted[offset : offset + mine.num_rows] if admitted is not None else None
+        filt = cfg.entropy_keep_fraction if cfg.objective == "flash_reinforce" else None
+        start = 0
+        for mb in split_micro_batches(mine, cfg.micro_batch_size):
+            n = mb.num_rows
+            adm = adm_mine[start : start + n] if adm_mine is not None else None
+            start += n
+            if adm is not None and not bool((adm & (mb.advantages != 0)).any()):
+                # No row here carries gradient: skip the forward, keep the bookkeeping.
+                stats = stats + _skipped_stats(mb, adm)
+                continue
+            mb = mb.to(self.device)
+            lp, ent = token_logprobs(self.model, mb, with_entropy=filt is not None)
+            if cfg.objective == "grpo":
+                out = grpo_loss(
+                    lp, mb.behaviour_logprobs, mb.loss_mask, mb.advantages, mb.lengths, batch.global_tokens,
+                    clip_eps=cfg.grpo_clip_eps, row_ids=mb.ids,
+                )
+            else:
+                out = flash_reinforce_loss(
+                    lp, mb.behaviour_logprobs, mb.loss_mask, mb.advantages, mb.lengths,
+                    batch.global_batch_size, delta=cfg.delta,
+                    admitted=adm.to(self.device) if adm is not None else None,
+                    entropies=ent, entropy_keep_fraction=filt, row_ids=mb.ids,
+                )
+            if out.loss.requires_grad:
+                out.loss.backward()
+            stats = stats + out.stats
+        return stats
+
+    # -- the step ---------------------------------------------------------------------------------
+    def update(
+        self, trajectories: Sequence[Trajectory], *, scores: Sequence[torch.Tensor] | None = None
+    ) -> UpdateStats:
+        """One optimizer step on a fresh batch (then the batch is discarded), and ``version += 1``.
+
+        Args:
+            trajectories: The fresh batch (B rows; each rank passes the same list under
+                torch.distributed).
+            scores: Optional output of :meth:`score` for these trajectories under the current
+                weights; when given, the gate uses it as ``q`` (the same q PACE's drift used).
+
+        Returns:
+            :class:`UpdateStats`. ``stepped`` is False (and the version unchanged) when the batch
+            carried no gradient and ``config.step_on_zero_gradient`` is False.
+
+        Raises:
+            DataError: empty batch, malformed trajectory, NaN/inf or positive log-probability at a
+                policy token (the message names the trajectory id). The model and optimizer are
+                untouched when this is raised (gradients are cleared).
+        """
+        t0 = time.perf_counter()
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        try:
+            batch, admitted = self.prepare(trajectories, scores)
+            stats = self.backward(batch, admitted)
+        except Exception:
+            self.optimizer.zero_grad(set_to_none=True)
+            raise
+        stats = _all_reduce_stats(stats)
+        stats = _with_excluded(stats, batch.excluded_rows)
+        has_signal = stats.kept_tokens > 0 and any(
+            p.grad is not None and bool(p.grad.any()) for p in self._params
+        )
+        has_signal = _all_reduce_flag(has_signal)
+        _all_reduce_grads(self._params)
+        lr = float(self.optimizer.param_groups[0]["lr"])
+        grad_norm = 0.0
+        stepped = has_signal or self.config.step_on_zero_gradient
+        if stepped:
+            norm = torch.nn.utils.clip_grad_norm_(
+                self._params, self.config.grad_clip if self.config.grad_clip > 0 else math.inf
+            )
+            grad_norm = float(norm)
+            if not math.isfinite(grad_norm):
+                self.optimizer.zero_grad(set_to_none=True)
+                raise DataError(f"non-finite gradient norm {grad_norm}; batch {list(batch.ids)[:4]}... skipped")
+            self.optimizer.step()
+            self.scheduler.step()
+            self.version += 1
+        else:
+            log.info(
+                "update skipped at version %d: no gradient (admitted %d/%d rows, advantage std %.3g)",
+                self.version, stats.admitted, stats.rows, stats.advantage_std,
+            )
+        self.optimizer.zero_grad(set_to_none=True)
+        seconds = time.perf_counter() - t0
+        seq_tokens = int(batch.attention_mask.sum())
+        return UpdateStats(
+            version=self.version,
+            stepped=stepped,
+            objective=stats,
+            loss=stats.loss_sum,
+            grad_norm=grad_norm,
+            lr=lr,
+            rows=batch.num_rows,
+            excluded_rows=batch.excluded_rows,
+            reward_mean=float(batch.rewards.mean()),
+            mean_length=float(batch.lengths.float().mean()),
+            mean_sequence_length=seq_tokens / batch.num_rows,
+            seconds=seconds,
+            tokens_per_second=seq_tokens / seconds if seconds > 0 else math.nan,
+        )
+
+    # -- weights ----------------------------------------------------------------------------------
+    def weights_for_engine(self, path: Path | str | None = None) -> dict[str, torch.Tensor] | Path:
+        """The current weights for ``engine.update_weights(weights, learner.version)``.
+
+        Args:
+            path: None returns a detached CPU copy of the state dict (safe to hand to another thread
+                while training continues); a path writes a safetensors file there (atomically: a
+                temporary file in the same folder, then rename) and returns the path (vLLM loads
+                files, not tensors).
+
+        Returns:
+            The state dict or the file path.
+        """
+        sd = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in self.model.state_dict().items()}
+        if path is None:
+            return sd
+        from safetensors.torch import save_file
+
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        save_file(sd, str(tmp), metadata={"version": str(self.version)})
+        tmp.replace(path)
+        return path
+
+
+# -- helpers ---------------------------------------------------------------------------------------
+def _replace_adv(batch: PolicyBatch, adv: torch.Tensor) -> PolicyBatch:
+    return replace(batch, advantages=adv)
+
+
+def _skipped_stats(mb: PolicyBatch, adm: torch.Tensor) -> ObjectiveStats:
+    adv = mb.advantages.double()
+    return ObjectiveStats(
+        rows=mb.num_rows,
+        admitted=int(adm.sum()),
+        tokens=int(mb.lengths.sum()),
+        adv_sum=float(adv.sum()),
+        adv_sq_sum=float((adv * adv).sum()),
+        behaviour_nll_sum=float(-mb.behaviour_logprobs[mb.loss_mask].double().sum()),
+    )
+
+
+def _rank_world() -> tuple[int, int]:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1
+
+
+def _shard_offset(rows: int, rank: int, world: int) -> int:
+    per, extra = divmod(rows, world)
+    return rank * per + min(rank, extra)
+
+
+def _all_reduce_grads(params: Sequence[torch.Tensor]) -> None:
+    """SUM the partial gradients over ranks (denominators are global, so no averaging)."""
+    _, world = _rank_world()
+    if world == 1:
+        return
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        torch.distributed.all_reduce(p.grad, op=torch.distributed.ReduceOp.SUM)
+
+
+def _all_reduce_flag(flag: bool) -> bool:
+    _, world = _rank_world()
+    if world == 1:
+        return flag
+    t = torch.tensor([1.0 if flag else 0.0])
+    torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+    return bool(t.item() > 0)
+
+
+_SUM_FIELDS = (
+    "rows", "admitted", "tokens", "kept_tokens", "d_sum", "rho_sum", "adv_sum", "adv_sq_sum",
+    "loss_sum", "surrogate_sum", "clipped_tokens", "behaviour_nll_sum",
+)
+
+
+def _all_reduce_stats(stats: ObjectiveStats) -> ObjectiveStats:
+    _, world = _rank_world()
+    if world == 1:
+        return stats
+    t = torch.tensor([float(getattr(stats, f)) for f in _SUM_FIELDS], dtype=torch.float64)
+    torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.SUM)
+    vals = {f: (int(round(v)) if isinstance(getattr(stats, f), int) else v) for f, v in zip(_SUM_FIELDS, t.tolist())}
+    return ObjectiveStats(**vals)
+
+
+def _with_excluded(stats: ObjectiveStats, excluded: int) -> ObjectiveStats:
+    return replace(stats, excluded_rows=excluded)
