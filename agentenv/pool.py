@@ -1,0 +1,362 @@
+"""The trajectory pool: completed trajectories wait here and the learner takes batches from it.
+
+The pool owns the staleness policy (:class:`~agentenv.staleness.StalenessConfig`): ``none``
+(unfiltered asynchronous), ``max_lag`` (a fixed cap), ``pace`` (PACE's adaptive budget on effective
+staleness, DESIGN.md "Staleness, precisely") and ``sync`` (selected like ``none``; the loop runs no
+overlap). Per-trajectory summaries (completion version, GS, older-token share, oldest version) are
+kept as numpy columns when a trajectory is added, so a decision over 10,000 candidates is a few
+vectorised passes rather than a walk over every segment.
+
+Semantics of :meth:`TrajectoryPool.select_batch` (``B`` = batch size, ``N`` = occupancy):
+
+* ``N < B``: nothing happens (no rejection, the smoothed rate is untouched) except under ``max_lag``,
+  which still rejects over-cap candidates; the batch is empty and the learner waits.
+* ``pace`` with ``N >= B``: the rate ``r`` is updated exactly once, then ``k`` candidates are
+  rejected (never cutting the pool below ``max(N_target, B)``), so a batch is always formed and ``r``
+  updates once per optimizer step.
+* The batch is the ``B`` oldest remaining trajectories, in completion (= :meth:`add`) order.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from agentenv.errors import ConfigError, DataError
+from agentenv.staleness import (
+    StalenessConfig,
+    effective_staleness,
+    excess,
+    highest_first,
+    pace_weights,
+    rejection_budget,
+    update_rate,
+)
+from agentenv.trajectory import Trajectory
+
+DriftScorer = Callable[[Sequence[Trajectory]], Sequence[Any]]
+"""``scorer(trajectories) -> [logprobs_i]``: the current learner's log-probabilities ``(T_i,)`` of each
+trajectory's policy tokens, in order (tensor or array; nats, <= 0)."""
+
+_COLUMNS = {"seq": np.int64, "v_c": np.int64, "gs": np.float64, "share": np.float64, "v_min": np.int64}
+
+
+@dataclass(frozen=True)
+class _Older:
+    """Policy-token positions of a trajectory's older segments and their behaviour log-probs."""
+
+    idx: np.ndarray  # (n_old,) int64 indices into the (T,) policy tokens
+    mu: np.ndarray  # (n_old,) float64 behaviour log-probabilities there
+
+
+def _older_tokens(traj: Trajectory) -> _Older:
+    segs = traj.segments
+    newest = max(s.version for s in segs) if segs else 0
+    idx, mu, pos = [], [], 0
+    for s in segs:
+        if s.version < newest:
+            idx.append(np.arange(pos, pos + s.num_tokens, dtype=np.int64))
+            mu.append(np.asarray(traj.behaviour_logprobs[s.start : s.end], dtype=np.float64))
+        pos += s.num_tokens
+    if not idx:
+        return _Older(np.zeros(0, np.int64), np.zeros(0))
+    return _Older(np.concatenate(idx), np.concatenate(mu))
+
+
+@dataclass
+class SelectionDecision:
+    """One step's pool decision, logged as one JSONL record (:meth:`to_dict`).
+
+    Per-candidate arrays cover the selected (``sel_*``, batch order) and rejected (``rej_*``, rejection
+    order) candidates only; all staleness values in policy versions. ``f`` is NaN (``None`` in the
+    record) where no drift was computed, ``w`` and ``s_eff`` NaN where not used by the policy. Under
+    ``none``/``max_lag`` ``w`` is 1 and ``s_eff`` is the quantity compared with the cap (``S`` or the
+    max token lag).
+    """
+
+    step: int
+    policy: str
+    drift_mode: str
+    current_version: int
+    occupancy: int
+    target: int
+    batch_size: int
+    excess: float = 0.0
+    rate: float = 0.0
+    budget: int = 0
+    rejected_count: int = 0
+    waited: bool = False
+    mean_gs: float = 0.0
+    mean_ws: float = 0.0
+    sel_ids: list[str] = field(default_factory=list)
+    sel_task_ids: list[str] = field(default_factory=list)
+    sel: dict[str, np.ndarray] = field(default_factory=dict)
+    rej_ids: list[str] = field(default_factory=list)
+    rej_task_ids: list[str] = field(default_factory=list)
+    rej: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-serialisable record: scalars plus ``selected``/``rejected`` lists of per-candidate dicts."""
+
+        def rows(ids: list[str], tasks: list[str], cols: dict[str, np.ndarray]) -> list[dict[str, Any]]:
+            out = []
+            for j, (i, t) in enumerate(zip(ids, tasks, strict=True)):
+                row: dict[str, Any] = {"id": i, "task_id": t}
+                for name in ("gs", "ws", "s_eff", "f", "w"):
+                    v = float(cols[name][j])
+                    row[name] = None if math.isnan(v) else v
+                out.append(row)
+            return out
+
+        d = {k: getattr(self, k) for k in (
+            "step", "policy", "drift_mode", "current_version", "occupancy", "target", "batch_size",
+            "excess", "rate", "budget", "rejected_count", "waited", "mean_gs", "mean_ws")}
+        d["selected"] = rows(self.sel_ids, self.sel_task_ids, self.sel)
+        d["rejected"] = rows(self.rej_ids, self.rej_task_ids, self.rej)
+        return d
+
+
+@dataclass
+class BatchSelection:
+    """What :meth:`TrajectoryPool.select_batch` returns.
+
+    Attributes:
+        batch: ``B`` trajectories in completion order, or ``[]`` when the learner must wait.
+        rejected: Trajectories removed from the pool by the policy at this call.
+        decision: The logged decision record.
+        scores: ``pace`` scoring mode only: the scoring pass's ``(T_i,)`` current log-probabilities for
+            each batch member (aligned with ``batch``), for the FlashREINFORCE gate's ``q``; else None.
+        requeue_task_ids: Task ids of ``rejected`` when ``requeue_rejected`` is set, else ``[]``.
+    """
+
+    batch: list[Trajectory]
+    rejected: list[Trajectory]
+    decision: SelectionDecision
+    scores: list[np.ndarray] | None = None
+    requeue_task_ids: list[str] = field(default_factory=list)
+
+
+class TrajectoryPool:
+    """Completed trajectories in completion order, and the staleness policy that draws batches.
+
+    Args:
+        config: The staleness policy and its hyper-parameters.
+    """
+
+    def __init__(self, config: StalenessConfig | None = None) -> None:
+        self.config = config or StalenessConfig()
+        self._trajs: list[Trajectory] = []
+        self._ids: set[str] = set()
+        self._older: list[_Older] = []
+        self._cols = {k: np.zeros(64, dtype=t) for k, t in _COLUMNS.items()}
+        self._next_seq = 0
+        self._step = 0
+        self.rate = 0.0
+        """The smoothed rejection rate ``r`` (dimensionless, in [0, 1])."""
+        self._score_version: int | None = None
+        self._score_cache: dict[str, np.ndarray] = {}
+
+    # -- contents ---------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self._trajs)
+
+    @property
+    def trajectories(self) -> list[Trajectory]:
+        """A copy of the pooled trajectories, oldest first."""
+        return list(self._trajs)
+
+    def add(self, traj: Trajectory) -> None:
+        """Add a completed trajectory; call in completion order (it sets the pool's order).
+
+        Raises:
+            DataError: ``traj`` is not a :class:`Trajectory`, has no policy token, or is already pooled.
+        """
+        if not isinstance(traj, Trajectory):
+            raise DataError(f"pool.add expects a Trajectory, got {type(traj).__name__}")
+        if traj.num_policy_tokens == 0:
+            raise DataError(f"trajectory {traj.id} has no policy token; nothing to learn from")
+        if traj.id in self._ids:
+            raise DataError(f"trajectory {traj.id} is already in the pool")
+        n = len(self._trajs)
+        if n == self._cols["seq"].shape[0]:
+            self._cols = {k: np.concatenate([c, np.zeros_like(c)]) for k, c in self._cols.items()}
+        c = self._cols
+        c["seq"][n] = self._next_seq
+        c["v_c"][n] = traj.completion_version
+        c["gs"][n] = traj.generation_staleness()
+        c["share"][n] = traj.older_segment_token_share()
+        c["v_min"][n] = min(s.version for s in traj.segments)
+        self._next_seq += 1
+        self._trajs.append(traj)
+        self._ids.add(traj.id)
+        self._older.append(_older_tokens(traj))
+
+    def _remove(self, keep: np.ndarray) -> None:
+        n = len(self._trajs)
+        m = int(keep.sum())
+        for c in self._cols.values():
+            c[:m] = c[:n][keep]
+        self._ids.difference_update(t.id for t, k in zip(self._trajs, keep.tolist(), strict=True) if not k)
+        self._trajs = [t for t, k in zip(self._trajs, keep.tolist(), strict=True) if k]
+        self._older = [o for o, k in zip(self._older, keep.tolist(), strict=True) if k]
+
+    # -- selection --------------------------------------------------------------------------------
+    def select_batch(
+        self, batch_size: int, current_version: int, drift_scorer: DriftScorer | None = None
+    ) -> BatchSelection:
+        """Apply the staleness policy and take a batch (DESIGN.md, "Staleness, precisely").
+
+        Args:
+            batch_size: B, trajectories per optimizer step (>= 1).
+            current_version: ``v_now``, the learner's policy version now.
+            drift_scorer: ``pace`` with ``drift_mode="scoring"``: returns the current learner's
+                ``(T_i,)`` policy-token log-probabilities for a list of trajectories. It is called at
+                most once per call, on the candidates not yet scored at ``current_version`` (all of
+                them when the budget is positive, only the batch otherwise).
+
+        Returns:
+            The batch (``B`` oldest remaining, completion order, or empty), the rejected trajectories,
+            the decision record and, in scoring mode, the batch's scores.
+
+        Raises:
+            ConfigError: ``batch_size < 1``, or scoring mode without a ``drift_scorer``.
+            DataError: The scorer returned the wrong number or shape of arrays or a non-finite or
+                positive log-probability; the pool is left unchanged.
+        """
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ConfigError(f"batch_size must be an int >= 1, got {batch_size!r}")
+        cfg = self.config
+        scoring = cfg.policy == "pace" and cfg.drift_mode == "scoring"
+        if scoring and drift_scorer is None:
+            raise ConfigError("staleness.drift_mode='scoring' needs a drift_scorer (or use 'token_share')")
+        if self._score_version != current_version:
+            self._score_version, self._score_cache = current_version, {}
+        n = len(self._trajs)
+        b = batch_size
+        target = cfg.target_occupancy if cfg.target_occupancy is not None else b
+        c = {k: v[:n] for k, v in self._cols.items()}
+        gs = c["gs"]
+        ws = (current_version - c["v_c"]).astype(np.float64)
+        dec = SelectionDecision(
+            step=self._step, policy=cfg.policy, drift_mode=cfg.drift_mode, current_version=current_version,
+            occupancy=n, target=target, batch_size=b, rate=self.rate,
+            mean_gs=float(gs.mean()) if n else 0.0, mean_ws=float(ws.mean()) if n else 0.0,
+        )
+        nan = np.full(n, np.nan)
+        f, w, s_eff = nan, nan, nan
+        reject = np.zeros(0, dtype=np.int64)
+        scores: list[np.ndarray] | None = None
+        new_rate = self.rate
+
+        if cfg.policy == "max_lag":
+            lag = ws + gs if cfg.max_lag_measure == "mean" else (current_version - c["v_min"]).astype(float)
+            w, s_eff = np.ones(n), lag
+            reject = np.flatnonzero(lag > cfg.max_lag)
+        elif cfg.policy in ("none", "sync"):
+            w, s_eff = np.ones(n), ws + gs
+        elif n >= b:  # pace, enough candidates for a batch
+            dec.excess = excess(n, target)
+            new_rate = dec.rate = update_rate(self.rate, dec.excess, cfg.beta)
+            k = dec.budget = rejection_budget(new_rate, n, max(target, b))
+            if cfg.drift_mode == "token_share":
+                w = c["share"].copy()
+                s_eff = effective_staleness(ws, gs, w)
+                reject = highest_first(s_eff, k)
+            elif k > 0:
+                f = self._drift(np.arange(n), drift_scorer)
+                w = pace_weights(f, cfg.gamma)
+                s_eff = effective_staleness(ws, gs, w)
+                reject = highest_first(s_eff, k)
+
+        keep = np.ones(n, dtype=bool)
+        keep[reject] = False
+        remaining = np.flatnonzero(keep)
+        chosen = remaining[:b] if remaining.shape[0] >= b else np.zeros(0, dtype=np.int64)
+        dec.waited = chosen.shape[0] == 0
+        if scoring and chosen.shape[0]:
+            if np.isnan(f[chosen]).any():  # budget 0: score only the batch, for the learner's gate
+                f = nan.copy()
+                f[chosen] = self._drift(chosen, drift_scorer)
+            scores = [self._score_cache[self._trajs[i].id] for i in chosen.tolist()]
+
+        # Nothing below can fail: commit the decision.
+        self.rate = new_rate
+        batch = [self._trajs[i] for i in chosen.tolist()]
+        rejected = [self._trajs[i] for i in reject.tolist()]
+        cols = {"gs": gs, "ws": ws, "s_eff": s_eff, "f": f, "w": w}
+        dec.sel = {k: v[chosen] for k, v in cols.items()}
+        dec.rej = {k: v[reject] for k, v in cols.items()}
+        dec.sel_ids, dec.sel_task_ids = [t.id for t in batch], [t.task_id for t in batch]
+        dec.rej_ids, dec.rej_task_ids = [t.id for t in rejected], [t.task_id for t in rejected]
+        dec.rejected_count = len(rejected)
+        if chosen.shape[0] or reject.shape[0]:
+            keep[chosen] = False
+            self._remove(keep)
+            self._step += 1
+        requeue = [t.task_id for t in rejected] if cfg.requeue_rejected else []
+        return BatchSelection(batch, rejected, dec, scores, requeue)
+
+    def _drift(self, rows: np.ndarray, scorer: DriftScorer) -> np.ndarray:
+        """Prefix drift ``f`` ``(len(rows),)`` for pool rows, scoring those not cached at this version."""
+        trajs = [self._trajs[i] for i in rows.tolist()]
+        todo = [t for t in trajs if t.id not in self._score_cache]
+        if todo:
+            out = scorer(todo)
+            if len(out) != len(todo):
+                raise DataError(f"drift_scorer returned {len(out)} arrays for {len(todo)} trajectories")
+            fresh = {}
+            for t, s in zip(todo, out, strict=True):
+                a = s.detach().cpu().double().numpy() if hasattr(s, "detach") else np.asarray(s, np.float64)
+                a = a.reshape(-1)
+                if a.shape[0] != t.num_policy_tokens:
+                    raise DataError(
+                        f"drift_scorer: trajectory {t.id} has {t.num_policy_tokens} policy tokens, "
+                        f"got {a.shape[0]} log-probabilities")
+                if not np.isfinite(a).all() or (a > 1e-6).any():
+                    raise DataError(f"drift_scorer: non-finite or positive log-probability for {t.id}")
+                fresh[t.id] = a
+            self._score_cache.update(fresh)
+        olds = [self._older[i] for i in rows.tolist()]
+        lens = np.fromiter((o.idx.shape[0] for o in olds), dtype=np.int64, count=len(olds))
+        f = np.zeros(len(olds))
+        has = lens > 0
+        if has.any():
+            sel = np.flatnonzero(has).tolist()
+            q = [self._score_cache[trajs[j].id] for j in sel]
+            tl = np.fromiter((a.shape[0] for a in q), dtype=np.int64, count=len(q))
+            offsets = np.concatenate([[0], np.cumsum(tl)[:-1]])
+            nl = lens[has]
+            gidx = np.concatenate([olds[j].idx for j in sel]) + np.repeat(offsets, nl)
+            mu = np.concatenate([olds[j].mu for j in sel])
+            d = np.abs(np.concatenate(q)[gidx] - mu)
+            starts = np.concatenate([[0], np.cumsum(nl)[:-1]])
+            f[has] = np.add.reduceat(d, starts) / nl
+        return f
+
+    # -- checkpoints ------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-serialisable pool state: trajectories (oldest first), smoothed rate and step counter."""
+        return {"trajectories": [t.to_dict() for t in self._trajs], "rate": self.rate, "step": self._step}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Replace the pool's contents with a :meth:`state_dict`.
+
+        Raises:
+            DataError: The state is malformed (missing key, bad trajectory record); the pool is unchanged.
+        """
+        try:
+            trajs = [Trajectory.from_dict(d) for d in state["trajectories"]]
+            rate, step = float(state["rate"]), int(state["step"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise DataError(f"bad pool state: {e}") from e
+        if not 0.0 <= rate <= 1.0:
+            raise DataError(f"bad pool state: rate {rate} outside [0, 1]")
+        fresh = TrajectoryPool(self.config)
+        for t in trajs:
+            fresh.add(t)
+        self.__dict__.update(fresh.__dict__)
+        self.rate, self._step = rate, step
