@@ -1,6 +1,6 @@
 """The ``bwrap`` backend: the worker under Debian's bubblewrap.
 
-The sandbox root is an empty tmpfs with only ``/usr`` bound read-only (plus the merged-usr symlinks
+The sandbox root is an empty read-only tmpfs with only ``/usr`` bound read-only (plus the merged-usr symlinks
 ``/lib``, ``/lib64``, ``/bin``, ``/sbin`` and the few ``/etc`` files the dynamic loader needs), fresh
 ``/proc`` and ``/dev``, tmpfs ``/tmp`` and ``/work`` (the work folder); never ``--ro-bind / /``. All
 namespaces are unshared (user, pid, network, ipc, uts, cgroup), the worker runs as uid 65534 inside
@@ -40,7 +40,8 @@ def bwrap_argv(bwrap: str = "bwrap") -> list[str]:
             argv += ["--ro-bind", path, path]
     for path in _ETC:
         argv += ["--ro-bind-try", path, path]
-    argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/work", "--chdir", "/work",
+    argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/work",
+             "--remount-ro", "/", "--chdir", "/work",
              "--clearenv", "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin", "--setenv", "LANG", "C.UTF-8",
              "--setenv", "HOME", "/work"]
     return argv

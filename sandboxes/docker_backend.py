@@ -98,8 +98,10 @@ class DockerLauncher:
 
     def _create(self):
         lim = self.limits
-        cfg = {"rlimits": worker_rlimits(lim, nproc=False), "workdir": "/work"}
-        tmpfs_opts = f"rw,nosuid,nodev,size={TMPFS_BYTES},mode=1777"
+        rlimits = worker_rlimits(lim, nproc=False)
+        del rlimits["AS"]  # memory is the cgroup's job here: an OOM kill is read back as OOM
+        cfg = {"rlimits": rlimits, "workdir": "/work"}
+        tmpfs_opts = f"rw,nosuid,nodev,size={TMPFS_BYTES},mode=1777,uid=65534,gid=65534"
         container = self.client.containers.create(
             self.image, command=["python3", "-I", "-c", WORKER_SOURCE, json.dumps(cfg)],
             user="65534:65534", stdin_open=True, network_mode="none",

@@ -37,6 +37,7 @@ _CLONE_NEWNS = 0x00020000
 _CLONE_NEWNET = 0x40000000
 _MS_NOSUID, _MS_NODEV, _MS_REC, _MS_PRIVATE = 2, 4, 16384, 1 << 18
 _PR_SET_CHILD_SUBREAPER, _PR_SET_NO_NEW_PRIVS = 36, 38
+_WORKER_PID = [0]
 
 
 def _libc():
@@ -234,6 +235,8 @@ def _run(code, cap, namespace, out_fd, err_fd):
         status = "error"
         error = "".join(traceback.format_exception(type(e), e, tb))
     finally:
+        if os.getpid() != _WORKER_PID[0]:
+            os._exit(0)  # a process the snippet forked came back here: it must never answer
         sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
     _reap_children()
     fd_out, t1 = _drain(out_fd, cap)
@@ -259,6 +262,16 @@ def main(argv):
     os.dup2(err_fd, 2)
     for fd in (proto_in, proto_out, out_fd, err_fd):
         os.set_inheritable(fd, False)
+    _WORKER_PID[0] = os.getpid()
+
+    def _close_protocol():  # in a child forked by a snippet: it cannot reach the host
+        for fd in (proto_in, proto_out):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    os.register_at_fork(after_in_child=_close_protocol)
     sys.stdin = open(os.devnull)
     got = _setup(cfg)
     namespace = {"__name__": "__main__", "__builtins__": __builtins__}

@@ -14,6 +14,7 @@
 #   AGENTENV_SKIP_IMAGE=1 start the daemon only.
 
 _agentenv_install_docker() {
+    local -  # shell options set here stay here when the script is sourced
     set -u
     local here repo py root exec_root sock log pidfile i drv
     here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -26,6 +27,11 @@ _agentenv_install_docker() {
     command -v dockerd >/dev/null 2>&1 || need+=(docker.io)
     command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
     command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)
+    # the same libraries as the Docker image, for the bwrap and process backends (system python3)
+    local p
+    for p in python3 python3-numpy python3-sympy; do
+        dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
+    done
     if [ "${#need[@]}" -gt 0 ]; then
         echo "install_docker: apt-get install ${need[*]}" >&2
         flock /tmp/apt.lock apt-get update -qq >&2 || return 1
