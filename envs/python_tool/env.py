@@ -52,8 +52,9 @@ class PythonToolEnv(Env[str, str]):
     observation_role: ClassVar[str] = "tool"
     tools: Sequence[Mapping[str, Any]] = (PYTHON_TOOL_SCHEMA,)
     system_prompt: str | None = SYSTEM_PROMPT
-    observation_space = UnicodeText(1 << 20)
-    action_space = UnicodeText(1 << 20)
+    timing_info_keys: ClassVar[tuple[str, ...]] = ("sandbox_s", "grading_s")
+    observation_space = UnicodeText(1 << 17)
+    action_space = UnicodeText(1 << 16)
 
     def __init__(
         self,
@@ -156,6 +157,9 @@ class PythonToolEnv(Env[str, str]):
         if n > 1:
             parts = [f"[call {i + 1} of {n}]\n{p}" for i, p in enumerate(parts)]
         observation = "\n\n".join(parts)
+        limit = self.observation_space.max_length
+        if len(observation) > limit:
+            observation = observation[: limit - 40] + "\n... [observation cut]"
         truncated = s["turn"] >= self.max_turns
         if truncated:
             await self._end_episode()
