@@ -23,7 +23,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 import torch.nn.functional as F
@@ -41,6 +41,9 @@ from agentenv.trainer.objectives import (
     group_advantages,
     grpo_loss,
 )
+
+if TYPE_CHECKING:
+    from agentenv.trainer.checkpoint import LoadedCheckpoint
 
 __all__ = ["Learner", "OptimConfig", "UpdateStats", "token_logprobs"]
 
@@ -417,6 +420,33 @@ class Learner:
             seconds=seconds,
             tokens_per_second=seq_tokens / seconds if seconds > 0 else math.nan,
         )
+
+    # -- checkpoints ------------------------------------------------------------------------------
+    def save(
+        self, root: Path | str, *, pool_state: dict | None = None, extra: dict | None = None, keep: int = 2
+    ) -> Path:
+        """Checkpoint model, optimizer, scheduler, version, pool state and RNG states atomically.
+
+        See :func:`agentenv.trainer.checkpoint.save_checkpoint` (raises ``CheckpointError``).
+        """
+        from agentenv.trainer.checkpoint import save_checkpoint
+
+        return save_checkpoint(
+            root, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler, version=self.version,
+            pool_state=pool_state, extra=extra, keep=keep,
+        )
+
+    def restore(self, path: Path | str) -> LoadedCheckpoint:
+        """Resume from a checkpoint folder or root; the version numbering continues from it.
+
+        See :func:`agentenv.trainer.checkpoint.load_checkpoint` (raises ``CheckpointError`` and then
+        leaves the learner unchanged).
+        """
+        from agentenv.trainer.checkpoint import load_checkpoint
+
+        loaded = load_checkpoint(path, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler)
+        self.version = loaded.version
+        return loaded
 
     # -- weights ----------------------------------------------------------------------------------
     def weights_for_engine(self, path: Path | str | None = None) -> dict[str, torch.Tensor] | Path:

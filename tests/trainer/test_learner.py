@@ -92,6 +92,7 @@ def _rank_worker(rank, world, init_file, out_dir, trajs_dicts):
         torch.distributed.destroy_process_group()
 
 
+@pytest.mark.timeout(180)
 def test_two_ranks_gloo_equal_one_rank():
     trajs = make_trajectories(7, seed=3)  # 7 rows: shards of 4 and 3
     ref = Learner(tiny_model(3), OptimConfig(micro_batch_size=7, delta=10.0))
