@@ -63,7 +63,7 @@ class AlfWorldEnv(Env[str, str]):
 
     ``reset(seed=s)`` picks a game with the environment's generator (the same seed gives the same
     game); ``reset(options={"game": i})`` plays game ``i`` of the sorted split (an int index or a
-    game name). ``info`` holds ``task_type``, ``game``, ``game_index``, ``task_id``, ``steps``,
+    game name). ``info`` holds ``task_type``, ``game``, ``game_index``, ``task_id``, ``game_file``, ``steps``,
     ``won``, ``admissible_commands`` and, after a step, ``command`` (what was parsed).
 
     Raises:
@@ -94,6 +94,7 @@ class AlfWorldEnv(Env[str, str]):
         self._executor = executor
         self._game: TextWorldGame | None = None
         self._current: GameRef | None = None
+        self._loaded: GameRef | None = None
         self._index = -1
         self._steps = 0
         self._admissible: tuple[str, ...] = ()
@@ -123,10 +124,12 @@ class AlfWorldEnv(Env[str, str]):
         raise DataError(f"no game {choice!r} in split {self.split}")
 
     def _start(self, ref: GameRef) -> GameState:
-        data = read_game(ref.path)
         if self._game is None:
             self._game = TextWorldGame()
-        self._game.load(data)
+        if ref != self._loaded:  # the same game again (K samples) needs no new load
+            self._loaded = None
+            self._game.load(read_game(ref.path))
+            self._loaded = ref
         return self._game.reset()
 
     def _observation(self, state: GameState) -> str:
@@ -141,6 +144,7 @@ class AlfWorldEnv(Env[str, str]):
             "game": self._current.name,
             "game_index": self._index,
             "task_id": f"{self.split}/{self._current.name}",
+            "game_file": str(self._current.path),
             "steps": self._steps,
             "won": state.won,
             "admissible_commands": list(state.admissible_commands),
@@ -190,6 +194,7 @@ class AlfWorldEnv(Env[str, str]):
         """Close the live game, if any. Safe to call more than once."""
         game, self._game = self._game, None
         self._active = False
+        self._loaded = None
         await super().close()
         if game is not None:
             await self._call(game.close)

@@ -1,0 +1,475 @@
+"""Evaluation: success rate of an agent on a fixed set of games, e.g. ALFWorld seen / unseen.
+
+Three layers, each usable alone:
+
+* :func:`run_jobs` plays episode jobs concurrently on the asyncio loop with any *agent* (an async
+  callable ``agent(env, job) -> EpisodeResult``): the model agent (:func:`model_agent`, the rollout
+  loop with an engine), the walkthrough oracle, or a scripted agent in tests. ``concurrency``
+  environments are built and reused, so at most that many games are live at once.
+* :func:`aggregate` is a pure function from results to an :class:`EvalReport`: success rate overall
+  and per task type, mean steps, and pass@K over K samples per game (ALFWorld papers report the
+  mean success over the episodes; with K = 3 samples per game as in the papers).
+* :func:`main` is ``agentenv eval``: it loads the model and engine, runs, prints a table and writes
+  the report as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import math
+import sys
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agentenv.core import Env
+from agentenv.errors import AgentEnvError, ConfigError
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EpisodeJob:
+    """One episode to play: game ``game_index`` of the split, sample number ``sample``.
+
+    Attributes:
+        game_index: Index into the environment's sorted game list (``reset(options={"game": i})``).
+        game: Game name (for the report).
+        task_type: Task type of the game (for the report).
+        sample: 0..K-1, which of the K samples of this game.
+        seed: Seed passed to ``env.reset`` (and so to the sampler through the rollout loop).
+    """
+
+    game_index: int
+    game: str
+    task_type: str
+    sample: int = 0
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class EpisodeResult:
+    """The outcome of one episode.
+
+    Attributes:
+        game / task_type / sample: Copied from the job.
+        won: The game was won (reward 1).
+        reward: Episode return.
+        steps: Game commands played (steps).
+        seconds: Wall time of the episode (seconds).
+        error: ``"Type: message"`` when the episode failed (it then counts as not won), else None.
+    """
+
+    game: str
+    task_type: str
+    sample: int
+    won: bool
+    reward: float
+    steps: int
+    seconds: float = 0.0
+    error: str | None = None
+
+
+Agent = Callable[[Env, EpisodeJob], Awaitable[EpisodeResult]]
+#: A per-step policy: ``await policy(observation, info) -> reply``.
+Policy = Callable[[str, Mapping[str, Any]], Awaitable[str]]
+
+
+def make_jobs(
+    games: Sequence[tuple[str, str]], *, samples_per_game: int = 1, limit: int | None = None, seed: int = 0
+) -> list[EpisodeJob]:
+    """Jobs for the first ``limit`` games (all if None), ``samples_per_game`` each.
+
+    Args:
+        games: ``(name, task_type)`` of each game, in the environment's order.
+        samples_per_game: K, episodes per game (K = 3 in the ALFWorld papers).
+        limit: Play only the first ``limit`` games.
+        seed: Base seed; job ``j`` gets ``seed + j``.
+
+    Raises:
+        ConfigError: ``samples_per_game < 1`` or ``limit < 1``.
+    """
+    if samples_per_game < 1:
+        raise ConfigError(f"samples_per_game must be >= 1, got {samples_per_game}")
+    if limit is not None and limit < 1:
+        raise ConfigError(f"limit must be >= 1, got {limit}")
+    chosen = list(games)[: limit if limit is not None else None]
+    jobs = []
+    for i, (name, task_type) in enumerate(chosen):
+        for k in range(samples_per_game):
+            jobs.append(EpisodeJob(i, name, task_type, k, seed + len(jobs)))
+    return jobs
+
+
+def _failed(job: EpisodeJob, exc: BaseException, seconds: float) -> EpisodeResult:
+    return EpisodeResult(job.game, job.task_type, job.sample, False, 0.0, 0, seconds, f"{type(exc).__name__}: {exc}")
+
+
+async def run_jobs(
+    jobs: Sequence[EpisodeJob],
+    agent: Agent,
+    env_factory: Callable[[], Env],
+    *,
+    concurrency: int = 4,
+    progress: bool = True,
+    on_result: Callable[[EpisodeResult], None] | None = None,
+) -> list[EpisodeResult]:
+    """Play ``jobs`` with ``concurrency`` environments at once; results come back in job order.
+
+    An agent or environment that raises fails only its own episode (recorded with ``error``).
+
+    Args:
+        jobs: Episodes to play.
+        agent: Plays one job on a given (reusable) environment.
+        env_factory: Builds one environment; called ``min(concurrency, len(jobs))`` times.
+        concurrency: Environments (live games) at once.
+        progress: Show a tqdm progress bar on stderr.
+        on_result: Called with each result as it completes.
+
+    Raises:
+        ConfigError: ``concurrency < 1``.
+    """
+    if concurrency < 1:
+        raise ConfigError(f"concurrency must be >= 1, got {concurrency}")
+    from tqdm import tqdm
+
+    results: list[EpisodeResult | None] = [None] * len(jobs)
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    for i in range(len(jobs)):
+        queue.put_nowait(i)
+    bar = tqdm(total=len(jobs), desc="episodes", unit="ep", disable=not progress, file=sys.stderr)
+    wins = done = 0
+
+    async def worker() -> None:
+        nonlocal wins, done
+        env = env_factory()
+        try:
+            while not queue.empty():
+                i = queue.get_nowait()
+                start = time.perf_counter()
+                try:
+                    res = await agent(env, jobs[i])
+                except Exception as exc:  # one broken episode never stops the run
+                    res = _failed(jobs[i], exc, time.perf_counter() - start)
+                    logger.warning("episode %s#%d failed: %s", jobs[i].game, jobs[i].sample, res.error)
+                results[i] = res
+                wins, done = wins + res.won, done + 1
+                bar.update(1)
+                bar.set_postfix(success=f"{wins / done:.3f}", refresh=False)
+                if on_result:
+                    on_result(res)
+        finally:
+            await env.close()
+
+    try:
+        await asyncio.gather(*(worker() for _ in range(min(concurrency, len(jobs)))))
+    finally:
+        bar.close()
+    return [r for r in results if r is not None]
+
+
+def policy_agent(make_policy: Callable[[EpisodeJob, Mapping[str, Any]], Policy]) -> Agent:
+    """An agent that resets the env to the job's game and steps it with a per-step policy.
+
+    Args:
+        make_policy: ``make_policy(job, reset_info)`` returns the episode's policy.
+    """
+
+    async def agent(env: Env, job: EpisodeJob) -> EpisodeResult:
+        start = time.perf_counter()
+        obs, info = await env.reset(seed=job.seed, options={"game": job.game_index})
+        policy = make_policy(job, info)
+        total, steps, won = 0.0, 0, False
+        while True:
+            result = await env.step(await policy(obs, info))
+            obs, info = result.observation, dict(result.info)
+            total += float(result.reward)
+            steps = int(info.get("steps", steps + 1))
+            won = bool(info.get("won", result.reward > 0))
+            if result.terminated or result.truncated:
+                break
+        return EpisodeResult(job.game, job.task_type, job.sample, won, total, steps, time.perf_counter() - start)
+
+    return agent
+
+
+def model_agent(engine: Any, renderer: Any, cfg: Any) -> Agent:
+    """An agent that plays with a language model through ``agentenv.rollout.run_episode``.
+
+    Args:
+        engine: A :class:`~agentenv.engines.base.GenerationEngine`.
+        renderer: The chat renderer of the engine's tokenizer.
+        cfg: An ``agentenv.rollout.RolloutConfig`` (its ``max_turns`` should cover the env's steps).
+    """
+    from agentenv.rollout import run_episode
+
+    async def agent(env: Env, job: EpisodeJob) -> EpisodeResult:
+        start = time.perf_counter()
+        traj = await run_episode(env, engine, renderer, cfg, seed=job.seed, options={"game": job.game_index})
+        info = traj.info
+        return EpisodeResult(
+            job.game,
+            job.task_type,
+            job.sample,
+            won=bool(info.get("won", False)) and traj.status != "error",
+            reward=float(traj.reward),
+            steps=int(info.get("steps", 0)),
+            seconds=time.perf_counter() - start,
+            error=info.get("error") if traj.status == "error" else None,
+        )
+
+    return agent
+
+
+@dataclass(frozen=True)
+class TaskStats:
+    """Figures of one group of episodes (all, or one task type).
+
+    Attributes:
+        games: Distinct games.
+        episodes: Episodes played (games x samples).
+        successes: Episodes won.
+        success_rate: successes / episodes, in [0, 1] (NaN when no episode).
+        pass_at_k: Share of games won in at least one of their samples, in [0, 1].
+        mean_steps: Mean steps per episode (steps).
+        mean_steps_won: Mean steps of won episodes (NaN when none was won).
+        errors: Episodes that failed with an error (counted as not won).
+    """
+
+    games: int
+    episodes: int
+    successes: int
+    success_rate: float
+    pass_at_k: float
+    mean_steps: float
+    mean_steps_won: float
+    errors: int
+
+
+@dataclass(frozen=True)
+class EvalReport:
+    """What ``agentenv eval`` reports.
+
+    Attributes:
+        env / split / model: What was evaluated.
+        samples_per_game: K.
+        overall: Figures over all episodes.
+        per_task: Task type -> figures, in ``task_order`` then alphabetical order.
+        seconds: Wall time of the run (seconds).
+        episodes_per_minute: Throughput (episodes / minute).
+    """
+
+    env: str
+    split: str
+    model: str
+    samples_per_game: int
+    overall: TaskStats
+    per_task: dict[str, TaskStats] = field(default_factory=dict)
+    seconds: float = 0.0
+    episodes_per_minute: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        """The report as a JSON-ready dict (NaN written as null)."""
+
+        def clean(x: Any) -> Any:
+            if isinstance(x, float) and math.isnan(x):
+                return None
+            if isinstance(x, dict):
+                return {k: clean(v) for k, v in x.items()}
+            return x
+
+        return clean(asdict(self))
+
+
+def _stats(results: Sequence[EpisodeResult]) -> TaskStats:
+    n = len(results)
+    wins = sum(r.won for r in results)
+    by_game: dict[str, bool] = {}
+    for r in results:
+        by_game[r.game] = by_game.get(r.game, False) or r.won
+    won_steps = [r.steps for r in results if r.won]
+    nan = float("nan")
+    return TaskStats(
+        games=len(by_game),
+        episodes=n,
+        successes=wins,
+        success_rate=wins / n if n else nan,
+        pass_at_k=sum(by_game.values()) / len(by_game) if by_game else nan,
+        mean_steps=sum(r.steps for r in results) / n if n else nan,
+        mean_steps_won=sum(won_steps) / len(won_steps) if won_steps else nan,
+        errors=sum(r.error is not None for r in results),
+    )
+
+
+def aggregate(
+    results: Sequence[EpisodeResult],
+    *,
+    env: str = "alfworld",
+    split: str = "",
+    model: str = "",
+    samples_per_game: int = 1,
+    task_order: Sequence[str] = (),
+    seconds: float = 0.0,
+) -> EvalReport:
+    """Summarise episode results (pure: no I/O).
+
+    Args:
+        results: One entry per episode.
+        task_order: Task types to list first, in this order, even when no episode has them.
+        seconds: Wall time of the run, for the throughput.
+    """
+    types = list(task_order) + sorted({r.task_type for r in results} - set(task_order))
+    per_task = {t: _stats([r for r in results if r.task_type == t]) for t in types}
+    return EvalReport(
+        env=env,
+        split=split,
+        model=model,
+        samples_per_game=samples_per_game,
+        overall=_stats(results),
+        per_task=per_task,
+        seconds=seconds,
+        episodes_per_minute=60.0 * len(results) / seconds if seconds > 0 else 0.0,
+    )
+
+
+def format_table(report: EvalReport) -> str:
+    """The report as a fixed-width text table."""
+
+    def pct(x: float) -> str:
+        return "    -" if math.isnan(x) else f"{100 * x:5.1f}"
+
+    def num(x: float) -> str:
+        return "    -" if math.isnan(x) else f"{x:5.1f}"
+
+    head = f"{'task type':<24} {'games':>5} {'eps':>5} {'won':>5} {'succ%':>6} {'pass@k%':>7} {'steps':>6} {'err':>4}"
+    rows = [
+        f"{report.env} {report.split}  model={report.model or '-'}  K={report.samples_per_game}",
+        head,
+        "-" * len(head),
+    ]
+
+    def row(name: str, s: TaskStats) -> str:
+        return (
+            f"{name:<24} {s.games:>5} {s.episodes:>5} {s.successes:>5} {pct(s.success_rate):>6} "
+            f"{pct(s.pass_at_k):>7} {num(s.mean_steps):>6} {s.errors:>4}"
+        )
+
+    rows += [row(t, s) for t, s in report.per_task.items()]
+    rows += ["-" * len(head), row("overall", report.overall)]
+    rows.append(f"{report.seconds:.1f} s, {report.episodes_per_minute:.1f} episodes/min")
+    return "\n".join(rows)
+
+
+def write_report(report: EvalReport, results: Sequence[EpisodeResult], out: Path) -> Path:
+    """Write ``report.json`` (the report plus every episode) and ``report.txt`` into folder ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    payload = report.to_json() | {"episodes": [asdict(r) for r in results]}
+    (out / "report.json").write_text(json.dumps(payload, indent=2) + "\n")
+    (out / "report.txt").write_text(format_table(report) + "\n")
+    return out / "report.json"
+
+
+# -- the command ---------------------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="agentenv eval", description="Evaluate a model on ALFWorld seen/unseen games.")
+    p.add_argument("--env", default="alfworld", choices=["alfworld"])
+    p.add_argument("--split", default="valid_seen", help="valid_seen (140 games) or valid_unseen (134)")
+    p.add_argument("--model", default=None, help="model folder (default: the embedded SmolLM2-135M)")
+    p.add_argument("--engine", default="transformers", choices=["transformers", "vllm"])
+    p.add_argument("--samples-per-game", type=int, default=3, help="K episodes per game (papers: 3)")
+    p.add_argument("--limit", type=int, default=None, help="play only the first N games")
+    p.add_argument("--concurrency", type=int, default=4, help="games played at once")
+    p.add_argument("--max-steps", type=int, default=50, help="commands per episode")
+    p.add_argument("--max-new-tokens", type=int, default=64, help="tokens per reply")
+    p.add_argument("--max-total-tokens", type=int, default=6144, help="tokens per episode after the prompt")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--data-root", default=None, help="the alfworld data folder (default <data>/alfworld)")
+    p.add_argument("--out", default="runs/eval", help="folder for report.json and report.txt")
+    p.add_argument("--no-progress", action="store_true")
+    return p
+
+
+def _build_engine(args: argparse.Namespace) -> tuple[Any, Any]:
+    """Load the model and return ``(engine, renderer)``."""
+    from agentenv.chat import ChatRenderer
+    from agentenv.models import load_model_and_tokenizer
+
+    if args.engine == "vllm":
+        from agentenv.engines.vllm_engine import VLLMEngine
+
+        if args.model is None:
+            raise ConfigError("--engine vllm needs --model PATH")
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(args.model)
+        return VLLMEngine(args.model), ChatRenderer(tokenizer)
+    from agentenv.engines.transformers_engine import TransformersEngine
+
+    model, tokenizer = load_model_and_tokenizer(args.model)
+    return TransformersEngine(model, tokenizer), ChatRenderer(tokenizer)
+
+
+async def _run(args: argparse.Namespace) -> tuple[EvalReport, list[EpisodeResult]]:
+    from agentenv.envs.alfworld import AlfWorldEnv, list_games
+    from agentenv.envs.alfworld.games import TASK_TYPES, canonical_split
+    from agentenv.rollout import RolloutConfig
+
+    games = list_games(args.split, args.data_root)
+    jobs = make_jobs(
+        [(g.name, g.task_type) for g in games], samples_per_game=args.samples_per_game, limit=args.limit, seed=args.seed
+    )
+    cfg = RolloutConfig(
+        max_turns=args.max_steps,
+        max_new_tokens_per_turn=args.max_new_tokens,
+        max_total_tokens=args.max_total_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+    )
+    engine, renderer = _build_engine(args)
+    start = time.perf_counter()
+    try:
+        results = await run_jobs(
+            jobs,
+            model_agent(engine, renderer, cfg),
+            lambda: AlfWorldEnv(args.split, max_steps=args.max_steps, data_root=args.data_root, games=games),
+            concurrency=args.concurrency,
+            progress=not args.no_progress,
+        )
+    finally:
+        await engine.close()
+    report = aggregate(
+        results,
+        env=args.env,
+        split=canonical_split(args.split),
+        model=args.model or "SmolLM2-135M (embedded)",
+        samples_per_game=args.samples_per_game,
+        task_order=list(TASK_TYPES.values()),
+        seconds=time.perf_counter() - start,
+    )
+    return report, results
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``agentenv eval``: print and write the success-rate report; exit status 0, or 2 on bad input.
+
+    Example: ``agentenv eval --env alfworld --split valid_unseen --model PATH --samples-per-game 3``.
+    """
+    args = _parser().parse_args(argv)
+    try:
+        report, results = asyncio.run(_run(args))
+    except AgentEnvError as exc:
+        print(f"agentenv eval: error: {exc}", file=sys.stderr)
+        return 2
+    print(format_table(report))
+    path = write_report(report, results, Path(args.out))
+    print(f"report written to {path}")
+    return 0
