@@ -61,3 +61,7 @@ class CheckpointError(AgentEnvError):
 
 class RunFolderError(AgentEnvError):
     """A run folder already holds a run and ``--overwrite`` was not given."""
+
+
+class EnvCheckError(AgentEnvError, AssertionError):
+    """``agentenv.checker.check_env`` found an environment breaking the Env contract (the message says how)."""

@@ -1,0 +1,99 @@
+"""check_env on a good env, on envs that break one rule each, and on every registered id buildable here."""
+
+from __future__ import annotations
+
+import importlib.util
+import random
+
+import pytest
+
+import agentenv
+from agentenv.checker import check_env
+from agentenv.core import StepResult
+from agentenv.errors import EnvCheckError, RegistrationError
+from tests.tiny_env import RepeatNumberEnv
+
+ALL_CHECKS = ("spaces_and_declarations", "step_before_reset_raises", "reset_determinism",
+              "step_types_and_determinism", "step_after_end_raises", "close_twice")
+
+
+async def test_tiny_env_passes_every_check() -> None:
+    env = RepeatNumberEnv()
+    report = await check_env(env, actions=["x"])
+    assert report.checks == ALL_CHECKS and report.notes == ()
+    assert report.steps == 2 + 2  # determinism pair, then 2 wrong tries truncate
+    assert env.closes == 2
+
+
+class GlobalRandomEnv(RepeatNumberEnv):
+    async def reset(self, *, seed=None, options=None):
+        await super().reset(seed=seed)
+        self._n = random.randrange(10**9)  # ignores its own generator
+        return f"Say {self._n}", {}
+
+
+class NoResetNeededEnv(RepeatNumberEnv):
+    async def step(self, action):
+        return StepResult("ok", 0.0, False, False, {})
+
+
+class NanRewardEnv(RepeatNumberEnv):
+    async def step(self, action):
+        r = await super().step(action)
+        return StepResult(r.observation, float("nan"), r.terminated, r.truncated, r.info)
+
+
+class BadObsEnv(RepeatNumberEnv):
+    async def reset(self, *, seed=None, options=None):
+        obs, info = await super().reset(seed=seed)
+        return obs + "\x00€", info
+
+
+class KeepsGoingEnv(RepeatNumberEnv):
+    async def step(self, action):
+        r = await super().step(action)
+        self._n = self._n if self._n is not None else 0
+        return r
+
+
+@pytest.mark.parametrize(
+    ("env_cls", "message"),
+    [
+        (GlobalRandomEnv, "reset\\(seed=s\\) twice"),
+        (NoResetNeededEnv, "before reset"),
+        (NanRewardEnv, "finite"),
+        (BadObsEnv, "not inside observation_space"),
+        (KeepsGoingEnv, "after the episode ended"),
+    ],
+)
+async def test_each_broken_rule_is_reported(env_cls, message: str) -> None:
+    with pytest.raises(EnvCheckError, match=message):
+        await check_env(env_cls(), actions=["x"])
+
+
+def _buildable(env_id: str) -> bool:
+    needs = {"alfworld": "alfworld"}
+    return env_id not in needs or importlib.util.find_spec(needs[env_id]) is not None
+
+
+async def test_every_registered_id_that_can_be_built(data_dir) -> None:
+    overrides = {
+        "python_tool": {"dataset": "aime24", "sandbox_backend": "process"},
+        "alfworld": {"max_steps": 3},
+    }
+    agentenv.registration.load_plugins()
+    ids = sorted(agentenv.registry)
+    assert {"python_tool", "alfworld"} <= set(ids)
+    checked, skipped = [], {}
+    for env_id in ids:
+        try:
+            env = agentenv.make(env_id, **overrides.get(env_id, {}))
+        except RegistrationError as exc:  # an optional package is missing
+            skipped[env_id] = str(exc)
+            continue
+        report = await check_env(env)
+        assert report.checks[:4] == ALL_CHECKS[:4], env_id
+        checked.append(env_id)
+    expected = [i for i in ids if _buildable(i)]
+    assert checked == expected, skipped
+    assert len(checked) >= 1 + int(_buildable("alfworld"))
