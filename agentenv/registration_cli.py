@@ -1,0 +1,37 @@
+"""``agentenv envs``: list the registered environments (built-ins and plugins)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from agentenv.registration import load_plugins, registry
+
+
+def list_envs_main(argv: Sequence[str] | None = None) -> int:
+    """Print each registered id with its description, one a line; return the exit status (0).
+
+    Args:
+        argv: Command-line arguments after ``envs`` (``--json`` prints a JSON list instead).
+    """
+    parser = argparse.ArgumentParser(prog="agentenv envs", description="List the registered environments.")
+    parser.add_argument("--json", action="store_true", help="print a JSON list of {id, entry_point, description}")
+    args = parser.parse_args(list(argv) if argv is not None else None)
+    load_plugins()
+    specs = [registry[k] for k in sorted(registry)]
+    if args.json:
+        import json
+
+        rows = [
+            {"id": s.id, "entry_point": s.entry_point if isinstance(s.entry_point, str) else repr(s.entry_point),
+             "description": s.description}
+            for s in specs
+        ]
+        print(json.dumps(rows, indent=2))
+        return 0
+    width = max((len(s.id) for s in specs), default=0)
+    for s in specs:
+        print(f"{s.id:<{width}}  {s.description}")
+    print(f"({len(specs)} environments)", file=sys.stderr)
+    return 0
