@@ -35,10 +35,14 @@ label positions, ``V`` vocabulary size (see :mod:`agentenv.trainer.batching`).
 
 from __future__ import annotations
 
+import logging
+import math
 import os
 import socket
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -47,131 +51,76 @@ import torch.distributed as dist
 from torch import nn
 
 from agentenv.errors import ConfigError, DataError
-from agentenv.trainer.batching import PolicyBatch, shard, split_micro_batches
+from agentenv.trainer.batching import PolicyBatch, build_batch, shard, split_micro_batches
+from agentenv.trainer.learner import OptimConfig, UpdateStats, token_logprobs
 from agentenv.trainer.objectives import (
-    FlashReinforceConfig,
     ObjectiveStats,
     batch_mean_advantages,
+    bernoulli_kl_gate,
     flash_reinforce_loss,
+    group_advantages,
+    grpo_loss,
 )
 from agentenv.trainer.openrlhf_compat import import_openrlhf
+from agentenv.trajectory import Trajectory
 
 __all__ = [
     "OpenRLHFBackendConfig",
     "OpenRLHFLearner",
-    "OpenRLHFUpdate",
     "RayLearnerGroup",
     "VLLMWeightSync",
     "make_strategy",
     "run_cpu_data_parallel",
-    "token_logprobs",
 ]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class OpenRLHFBackendConfig:
-    """Configuration of the DeepSpeed/OpenRLHF learner (one fresh batch -> one optimizer step).
+    """DeepSpeed/OpenRLHF settings of the distributed learner (optimizer settings: ``OptimConfig``).
 
     Attributes:
-        rows_per_update: B, trajectories per fresh batch (global, over all ranks). DeepSpeed's
-            ``train_batch_size``; a batch may have fewer rows (excluded empty rows), never more.
-        micro_batch_size: Rows per forward/backward on one rank. ``rows_per_update`` must be a
-            multiple of ``micro_batch_size * world_size``; gas = B / (micro * world).
-        zero_stage: DeepSpeed ZeRO stage 0-3 (CPU: 0-2 tested; 3 gathers weights for the engine).
+        rows_per_update: B, trajectories per fresh batch over all ranks (DeepSpeed's
+            ``train_batch_size``). A batch may have fewer rows (trajectories without policy tokens are
+            excluded), never more. Must be a multiple of ``micro_batch_size * world_size``; the
+            gradient-accumulation steps are gas = B / (micro_batch_size * world_size).
+        zero_stage: DeepSpeed ZeRO stage 0-3 (CPU: 0 and 2 tested; 3 gathers weights for the engine).
         param_dtype: ``"fp32"`` (CPU), ``"bf16"`` (GPU) or ``"fp16"``.
-        lr: AdamW learning rate (paper default 1e-6).
-        weight_decay: AdamW decoupled weight decay (paper 0.1; OpenRLHF exempts biases and norms).
-        betas: AdamW betas.
-        eps: AdamW epsilon.
-        max_grad_norm: Global gradient-norm clip (DeepSpeed ``gradient_clipping``); 0 disables.
-        objective: FlashREINFORCE gate threshold and entropy filter.
         seed: Seed for ``transformers.set_seed`` in the strategy.
         torch_adam: Use ``torch.optim.AdamW`` instead of DeepSpeed's FusedAdam; None = only on CPU.
 
     Raises:
-        ConfigError: a value out of range (checked in ``__post_init__``).
+        ConfigError: a value out of range.
     """
 
     rows_per_update: int = 8
-    micro_batch_size: int = 1
     zero_stage: int = 2
     param_dtype: str = "fp32"
-    lr: float = 1e-6
-    weight_decay: float = 0.1
-    betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = 1e-8
-    max_grad_norm: float = 1.0
-    objective: FlashReinforceConfig = field(default_factory=FlashReinforceConfig)
     seed: int = 0
     torch_adam: bool | None = None
 
     def __post_init__(self) -> None:
-        if self.rows_per_update < 1 or self.micro_batch_size < 1:
-            raise ConfigError("rows_per_update and micro_batch_size must be >= 1")
+        if self.rows_per_update < 1:
+            raise ConfigError(f"rows_per_update must be >= 1, got {self.rows_per_update}")
         if self.zero_stage not in (0, 1, 2, 3):
             raise ConfigError(f"zero_stage must be 0, 1, 2 or 3, got {self.zero_stage}")
         if self.param_dtype not in ("fp32", "bf16", "fp16"):
             raise ConfigError(f"param_dtype must be fp32, bf16 or fp16, got {self.param_dtype!r}")
-        if not (self.lr > 0 and self.weight_decay >= 0 and self.max_grad_norm >= 0 and self.eps > 0):
-            raise ConfigError("lr and eps must be > 0, weight_decay and max_grad_norm >= 0")
 
-    def grad_accumulation_steps(self, world_size: int) -> int:
+    def grad_accumulation_steps(self, micro_batch_size: int, world_size: int) -> int:
         """gas = B / (micro_batch_size * world_size).
 
         Raises:
             ConfigError: B is not a multiple of ``micro_batch_size * world_size``.
         """
-        per_step = self.micro_batch_size * world_size
+        per_step = micro_batch_size * world_size
         if self.rows_per_update % per_step:
             raise ConfigError(
                 f"rows_per_update={self.rows_per_update} is not a multiple of micro_batch_size * world_size "
-                f"= {self.micro_batch_size} * {world_size}"
+                f"= {micro_batch_size} * {world_size}"
             )
         return self.rows_per_update // per_step
-
-
-@dataclass(frozen=True)
-class OpenRLHFUpdate:
-    """What one :meth:`OpenRLHFLearner.update` did.
-
-    Attributes:
-        version: Policy version after the step (optimizer steps so far).
-        stats: Objective statistics summed over micro-batches and ranks.
-        grad_norm: Global gradient norm before clipping (DeepSpeed's figure).
-        micro_steps: Micro-batches this rank ran (gas, padding micro-steps included).
-    """
-
-    version: int
-    stats: ObjectiveStats
-    grad_norm: float
-    micro_steps: int
-
-
-# ---------------------------------------------------------------------------------------------
-# Forward pass
-# ---------------------------------------------------------------------------------------------
-def token_logprobs(
-    model: nn.Module, batch: PolicyBatch, *, with_entropy: bool = False
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probabilities of the label tokens under ``model`` (label-aligned, see batching).
-
-    Args:
-        model: A causal LM (or DeepSpeed engine) returning ``.logits`` of shape ``(b, L, V)``.
-        batch: Rows to score (tensors already on the model's device).
-        with_entropy: Also return the per-position policy entropy (nats), detached.
-
-    Returns:
-        ``(logprobs, entropy)``: ``(b, t)`` float32 ``log pi(labels)``, and ``(b, t)`` or None.
-    """
-    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
-    logits = out.logits[:, :-1, :].float()
-    logp = torch.log_softmax(logits, dim=-1)
-    lp = logp.gather(-1, batch.labels.unsqueeze(-1)).squeeze(-1)
-    ent = None
-    if with_entropy:
-        with torch.no_grad():
-            ent = -(logp.exp() * logp).sum(-1)
-    return lp, ent
 
 
 # ---------------------------------------------------------------------------------------------
@@ -192,12 +141,16 @@ def _ensure_rendezvous_env() -> None:
     os.environ.setdefault("MASTER_PORT", str(_free_port()))
 
 
-def make_strategy(config: OpenRLHFBackendConfig) -> Any:
-    """Build and set up OpenRLHF's :class:`DeepspeedStrategy` for ``config`` on this machine.
+def make_strategy(backend: OpenRLHFBackendConfig, optim: OptimConfig) -> Any:
+    """Build and set up OpenRLHF's :class:`DeepspeedStrategy` on this machine.
 
     On CUDA it calls OpenRLHF's own ``setup_distributed`` (NCCL, CUDA mesh; GPU-only, untested here).
     On CPU it does the same steps with gloo and a CPU device mesh (OpenRLHF hard-codes ``"cuda"``),
     and asks DeepSpeed for ``torch.optim.AdamW`` (``torch_adam``) since FusedAdam needs CUDA.
+
+    Args:
+        backend: DeepSpeed settings.
+        optim: Optimizer settings (``micro_batch_size`` and ``grad_clip`` are used here).
 
     Returns:
         The strategy, with ``world_size``, ``ds_device_mesh`` and ``accumulated_gradient`` set.
@@ -210,7 +163,7 @@ def make_strategy(config: OpenRLHFBackendConfig) -> Any:
     from torch.distributed.device_mesh import init_device_mesh
 
     cuda = torch.cuda.is_available()
-    torch_adam = (not cuda) if config.torch_adam is None else config.torch_adam
+    torch_adam = (not cuda) if backend.torch_adam is None else backend.torch_adam
 
     class _Strategy(orl.DeepspeedStrategy):  # adds torch_adam to OpenRLHF's DeepSpeed config
         def get_ds_train_config(self, optim_dict=None, *, max_norm=None):  # noqa: D102
@@ -222,15 +175,15 @@ def make_strategy(config: OpenRLHFBackendConfig) -> Any:
     _ensure_rendezvous_env()
     args = SimpleNamespace(
         local_rank=-1,
-        ds=SimpleNamespace(param_dtype=config.param_dtype, zero_stage=config.zero_stage, adam_offload=False, zpg=1),
+        ds=SimpleNamespace(param_dtype=backend.param_dtype, zero_stage=backend.zero_stage, adam_offload=False, zpg=1),
         train=SimpleNamespace(dynamic_batch_enable=False),
     )
     strategy = _Strategy(
-        seed=config.seed,
-        max_norm=config.max_grad_norm,
-        micro_train_batch_size=config.micro_batch_size,
-        train_batch_size=config.rows_per_update,
-        zero_stage=config.zero_stage,
+        seed=backend.seed,
+        max_norm=optim.grad_clip,
+        micro_train_batch_size=optim.micro_batch_size,
+        train_batch_size=backend.rows_per_update,
+        zero_stage=backend.zero_stage,
         args=args,
     )
     if cuda:  # GPU-only path (OpenRLHF's own setup: NCCL, torch.cuda.set_device, CUDA mesh).
@@ -238,17 +191,19 @@ def make_strategy(config: OpenRLHFBackendConfig) -> Any:
     else:
         import transformers
 
-        transformers.set_seed(config.seed)
+        transformers.set_seed(backend.seed)
         # DeepSpeed's CPU accelerator JIT-compiles a C++ shared-memory all-reduce op (about 70 s on
         # 2 cores) when its comm backend starts; gloo does the same job here, so mark that op as
         # unavailable before the backend starts (DeepSpeed then uses plain torch.distributed).
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
         deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
         strategy.world_size = dist.get_world_size()
-        strategy.ds_device_mesh = init_device_mesh("cpu", (strategy.world_size, 1, 1), mesh_dim_names=("dp", "sp", "tp"))
+        strategy.ds_device_mesh = init_device_mesh(
+            "cpu", (strategy.world_size, 1, 1), mesh_dim_names=("dp", "sp", "tp")
+        )
         strategy.ring_attn_rank = 0
-        strategy.accumulated_gradient = config.rows_per_update // config.micro_batch_size // strategy.world_size
-    config.grad_accumulation_steps(strategy.world_size)  # validates divisibility
+        strategy.accumulated_gradient = backend.rows_per_update // optim.micro_batch_size // strategy.world_size
+    backend.grad_accumulation_steps(optim.micro_batch_size, strategy.world_size)  # validates divisibility
     return strategy
 
 
@@ -256,145 +211,245 @@ def make_strategy(config: OpenRLHFBackendConfig) -> Any:
 # Learner
 # ---------------------------------------------------------------------------------------------
 class OpenRLHFLearner:
-    """FlashREINFORCE learner on a DeepSpeed engine built by OpenRLHF's strategy.
+    """FlashREINFORCE/GRPO learner on a DeepSpeed engine built by OpenRLHF's strategy.
 
-    Same interface as the single-process learner: :meth:`score`, :meth:`update`, :attr:`version`,
-    :meth:`weights_for_engine`. Every rank of a data-parallel group must make the same calls with
-    the same whole batch (SPMD).
+    The same interface and semantics as :class:`agentenv.trainer.learner.Learner`: :meth:`score`,
+    :meth:`update` (one optimizer step per fresh batch, skipped without gradient signal unless
+    ``step_on_zero_gradient``), :attr:`version`, :meth:`weights_for_engine`. Under data parallelism
+    every rank makes the same calls with the same whole batch (SPMD).
+
+    The skip decision is taken *before* the DeepSpeed micro-steps (DeepSpeed has no "skip this step"
+    call): when ``scores`` are not given, :meth:`update` runs :meth:`score` first to get the gate's
+    ``q`` (the same values the training forward would give: the weights have not moved).
 
     Args:
         model: The policy (a ``transformers`` causal LM); DeepSpeed takes ownership of it.
-        config: Backend configuration.
-        strategy: A strategy from :func:`make_strategy` (built from ``config`` when None).
+        optim: Optimizer and objective settings (shared with the single-process learner).
+        backend: DeepSpeed settings.
+        pad_token_id: Pad id for batching.
+        version: Starting policy version.
+        strategy: A strategy from :func:`make_strategy` (built when None).
 
     Raises:
         ConfigError: OpenRLHF/DeepSpeed missing or an inconsistent configuration.
     """
 
-    def __init__(self, model: nn.Module, config: OpenRLHFBackendConfig, strategy: Any = None) -> None:
-        self.config = config
-        self.strategy = strategy if strategy is not None else make_strategy(config)
+    def __init__(
+        self,
+        model: nn.Module,
+        optim: OptimConfig,
+        backend: OpenRLHFBackendConfig | None = None,
+        *,
+        pad_token_id: int = 0,
+        version: int = 0,
+        strategy: Any = None,
+    ) -> None:
+        self.config = optim
+        self.backend = backend if backend is not None else OpenRLHFBackendConfig()
+        self.pad_token_id = pad_token_id
+        self.version = version
+        self.strategy = strategy if strategy is not None else make_strategy(self.backend, optim)
         self.world_size = dist.get_world_size()
         self.rank = dist.get_rank()
-        self.gas = config.grad_accumulation_steps(self.world_size)
+        self.gas = self.backend.grad_accumulation_steps(optim.micro_batch_size, self.world_size)
         cfg = {
             "optim": "adam",
-            "adam": {"lr": config.lr, "betas": config.betas, "eps": config.eps, "weight_decay": config.weight_decay},
+            "adam": {"lr": optim.lr, "betas": optim.betas, "eps": optim.adam_eps, "weight_decay": optim.weight_decay},
             "lr_scheduler": "constant",
             "lr_warmup_ratio": 0.0,
-            "max_norm": config.max_grad_norm,
+            "max_norm": optim.grad_clip,
             "scheduler_steps": 1,
         }
-        self.engine, self.optimizer, self.scheduler = self.strategy.prepare((model, cfg))
+        self.engine, self.optimizer, _ = self.strategy.prepare((model, cfg))
+        # The same warmup as the single-process learner (linear over warmup_steps, then constant),
+        # on the optimizer DeepSpeed steps; DeepSpeed calls it once per optimizer step.
+        warm = optim.warmup_steps
+        base = getattr(self.engine, "basic_optimizer", None) or self.engine.optimizer
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(base, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0)
+        self.engine.lr_scheduler = self.scheduler
         self.device = self.engine.device
-        self._version = 0
 
-    # -- interface ------------------------------------------------------------------------------
-    @property
-    def version(self) -> int:
-        """Policy version: optimizer steps taken so far."""
-        return self._version
+    # -- scoring ----------------------------------------------------------------------------------
+    def score(self, trajectories: Sequence[Trajectory]) -> list[torch.Tensor]:
+        """Current log pi(a_t) of each trajectory's policy tokens, without gradient.
 
-    def score(self, batch: PolicyBatch) -> torch.Tensor:
-        """Current-policy log-probabilities of the batch's label tokens (no gradient).
-
-        Each rank scores its shard; the rows are gathered back in batch order on every rank.
-
-        Args:
-            batch: The whole batch (same on every rank).
+        Each rank scores its contiguous share; the rows are gathered back on every rank.
 
         Returns:
-            ``(b, t)`` float32 CPU tensor, aligned with ``batch.loss_mask`` (0 at padding).
-        """
-        mine = shard(batch, self.rank, self.world_size)
-        rows: list[torch.Tensor] = []
-        if mine is not None:
-            self.engine.eval()
-            with torch.no_grad():
-                for mb in split_micro_batches(mine, self.config.micro_batch_size):
-                    lp, _ = token_logprobs(self.engine, mb.to(self.device))
-                    rows.extend(lp.float().cpu())
-            self.engine.train()
-        parts = self._gather(rows)
-        out = torch.zeros(batch.loss_mask.shape, dtype=torch.float32)
-        for i, r in enumerate(r for p in parts for r in p):
-            out[i, : r.shape[0]] = r
-        return out
-
-    def update(self, batch: PolicyBatch) -> OpenRLHFUpdate:
-        """One FlashREINFORCE optimizer step on a fresh batch; then the version increments.
-
-        Args:
-            batch: The whole fresh batch (same on every rank), ``batch.num_rows <= rows_per_update``.
-
-        Returns:
-            :class:`OpenRLHFUpdate` with summed statistics and the pre-clip gradient norm.
+            One ``(T_i,)`` float32 CPU tensor per trajectory, in order (``(0,)`` without policy token).
 
         Raises:
-            DataError: more rows than ``rows_per_update``, or invalid values (from the objective).
+            DataError: as :func:`agentenv.trainer.batching.build_batch`, or a non-finite current
+                log-probability at a policy token.
         """
-        if batch.num_rows > self.config.rows_per_update:
-            raise DataError(f"batch has {batch.num_rows} rows, more than rows_per_update={self.config.rows_per_update}")
-        batch = replace(batch, advantages=batch_mean_advantages(batch.rewards).float())
+        batch = build_batch(trajectories, self.pad_token_id)
         mine = shard(batch, self.rank, self.world_size)
-        micro = [] if mine is None else split_micro_batches(mine, self.config.micro_batch_size)
-        if len(micro) > self.gas:  # cannot happen with rows <= B, kept as a guard
-            raise DataError(f"{len(micro)} micro-batches on rank {self.rank} exceed gas={self.gas}")
-        scale = float(self.gas * self.world_size)  # undo DeepSpeed's 1/gas and 1/dp (see module doc)
-        obj = self.config.objective
+        rows: dict[str, torch.Tensor] = {}
+        if mine is not None:
+            self.engine.eval()
+            try:
+                with torch.no_grad():
+                    for mb in split_micro_batches(mine, self.config.micro_batch_size):
+                        lp, _ = token_logprobs(self.engine, mb.to(self.device))
+                        for i, tid in enumerate(mb.ids):
+                            rows[tid] = lp[i][mb.loss_mask[i].to(lp.device)].float().cpu()
+            finally:
+                self.engine.train()
+        for part in self._gather(rows):
+            rows.update(part)
+        for tid, r in rows.items():
+            if not torch.isfinite(r).all():
+                raise DataError(f"trajectory {tid}: non-finite current log-probability")
+        return [rows.get(tr.id, torch.zeros(0)) for tr in trajectories]
+
+    # -- the step ---------------------------------------------------------------------------------
+    def prepare(
+        self, trajectories: Sequence[Trajectory], scores: Sequence[torch.Tensor]
+    ) -> tuple[PolicyBatch, torch.Tensor | None]:
+        """Batch, global advantages and gate decision, as :meth:`Learner.prepare` (same rules)."""
+        batch = build_batch(trajectories, self.pad_token_id)
+        if self.config.objective == "grpo":
+            adv = group_advantages(batch.rewards, self.config.grpo_group_size)
+        else:
+            adv = batch_mean_advantages(batch.rewards)
+        batch = replace(batch, advantages=adv.float())
+        if self.config.objective != "flash_reinforce":
+            return batch, None
+        by_id = {tr.id: s for tr, s in zip(trajectories, scores, strict=True)}
+        q = torch.zeros_like(batch.behaviour_logprobs)
+        for i, tid in enumerate(batch.ids):
+            s = by_id[tid].float().reshape(-1)
+            if s.numel() != int(batch.lengths[i]):
+                raise DataError(f"trajectory {tid}: {s.numel()} scores for {int(batch.lengths[i])} tokens")
+            q[i][batch.loss_mask[i]] = s
+        _, admitted = bernoulli_kl_gate(q, batch.behaviour_logprobs, batch.loss_mask, self.config.delta)
+        return batch, admitted
+
+    def update(
+        self, trajectories: Sequence[Trajectory], *, scores: Sequence[torch.Tensor] | None = None
+    ) -> UpdateStats:
+        """One DeepSpeed optimizer step on a fresh batch, then ``version += 1`` (see the module doc).
+
+        Args:
+            trajectories: The fresh batch (at most ``rows_per_update`` rows; the same list on every rank).
+            scores: Optional :meth:`score` output under the current weights (the gate's ``q``).
+
+        Returns:
+            :class:`UpdateStats` (``stepped`` False and the version unchanged when the batch carries
+            no gradient and ``step_on_zero_gradient`` is False).
+
+        Raises:
+            DataError: more rows than ``rows_per_update``, empty batch, malformed trajectory, NaN/inf
+                or positive log-probability at a policy token. The weights are untouched then.
+        """
+        t0 = time.perf_counter()
+        cfg = self.config
+        if cfg.objective == "flash_reinforce" and scores is None:
+            scores = self.score(trajectories)
+        batch, admitted = self.prepare(trajectories, scores or [])
+        if batch.num_rows > self.backend.rows_per_update:
+            raise DataError(
+                f"batch has {batch.num_rows} rows, more than rows_per_update={self.backend.rows_per_update}"
+            )
+        signal = bool((batch.advantages != 0).any())
+        if admitted is not None:
+            signal = bool((admitted & (batch.advantages != 0)).any())
+        stepped = signal or cfg.step_on_zero_gradient
+        stats, grad_norm = ObjectiveStats(), 0.0
+        lr = float(self.scheduler.get_last_lr()[0])
+        if stepped:
+            stats, grad_norm = self._accumulate_and_step(batch, admitted)
+            self.version += 1
+        else:
+            log.info("update skipped at version %d: no gradient signal", self.version)
+        total = ObjectiveStats(excluded_rows=batch.excluded_rows)
+        for part in self._gather(stats):
+            total = total + part
+        if not stepped:  # bookkeeping as the single-process learner reports it
+            total = replace(total, rows=batch.num_rows, tokens=int(batch.lengths.sum()))
+        seconds = time.perf_counter() - t0
+        seq_tokens = int(batch.attention_mask.sum())
+        return UpdateStats(
+            version=self.version, stepped=stepped, objective=total, loss=total.loss_sum, grad_norm=grad_norm, lr=lr,
+            rows=batch.num_rows, excluded_rows=batch.excluded_rows, reward_mean=float(batch.rewards.mean()),
+            mean_length=float(batch.lengths.float().mean()), mean_sequence_length=seq_tokens / batch.num_rows,
+            seconds=seconds, tokens_per_second=seq_tokens / seconds if seconds > 0 else math.nan,
+            extra={"perf/deepspeed_micro_steps": float(self.gas), "perf/dp_world_size": float(self.world_size)},
+        )
+
+    def _accumulate_and_step(self, batch: PolicyBatch, admitted: torch.Tensor | None) -> tuple[ObjectiveStats, float]:
+        """Run this rank's gas micro-steps through DeepSpeed (the last one steps the optimizer)."""
+        cfg = self.config
+        mine = shard(batch, self.rank, self.world_size)
+        micro = [] if mine is None else split_micro_batches(mine, cfg.micro_batch_size)
+        offset = _shard_offset(batch.num_rows, self.rank, self.world_size)
+        scale = float(self.gas * self.world_size)  # undo DeepSpeed's 1/gas and 1/dp (module doc)
+        filt = cfg.entropy_keep_fraction if cfg.objective == "flash_reinforce" else None
         stats = ObjectiveStats()
+        self.engine.train()
         for step in range(self.gas):
             if step < len(micro):
                 mb = micro[step].to(self.device)
-                lp, ent = token_logprobs(self.engine, mb, with_entropy=obj.entropy_keep_fraction is not None)
-                out = flash_reinforce_loss(
-                    lp, mb.behaviour_logprobs, mb.loss_mask, mb.advantages, mb.lengths, batch.global_batch_size,
-                    delta=obj.delta, entropies=ent, entropy_keep_fraction=obj.entropy_keep_fraction, row_ids=mb.ids,
-                )
+                lp, ent = token_logprobs(self.engine, mb, with_entropy=filt is not None)
+                if cfg.objective == "grpo":
+                    out = grpo_loss(
+                        lp, mb.behaviour_logprobs, mb.loss_mask, mb.advantages, mb.lengths, batch.global_tokens,
+                        clip_eps=cfg.grpo_clip_eps, row_ids=mb.ids,
+                    )
+                else:
+                    start = offset + step * cfg.micro_batch_size
+                    adm = admitted[start : start + mb.num_rows].to(self.device) if admitted is not None else None
+                    out = flash_reinforce_loss(
+                        lp, mb.behaviour_logprobs, mb.loss_mask, mb.advantages, mb.lengths, batch.global_batch_size,
+                        delta=cfg.delta, admitted=adm, entropies=ent, entropy_keep_fraction=filt, row_ids=mb.ids,
+                    )
                 loss, stats = out.loss, stats + out.stats
-            else:  # padding micro-step: zero gradient, keeps DeepSpeed's micro-step count in line
-                mb = batch.select([0]).to(self.device)
-                lp, _ = token_logprobs(self.engine, mb)
+            else:  # padding micro-step: zero gradient, keeps every rank's DeepSpeed micro-step count at gas
+                lp, _ = token_logprobs(self.engine, batch.select([0]).to(self.device))
                 loss = lp.sum() * 0.0
             self.strategy.backward(loss * scale, self.engine, self.optimizer)
-            self.strategy.optimizer_step(self.optimizer, self.engine, self.scheduler)
-        grad_norm = float(self.strategy.get_grad_norm(self.engine))
-        self._version += 1
-        total = ObjectiveStats(excluded_rows=batch.excluded_rows)
-        for s in self._gather([stats]):
-            total = total + s[0]
-        return OpenRLHFUpdate(version=self._version, stats=total, grad_norm=grad_norm, micro_steps=self.gas)
+            self.strategy.optimizer_step(self.optimizer, self.engine, None)
+        return stats, float(self.strategy.get_grad_norm(self.engine))
 
-    def weights_for_engine(self) -> dict[str, torch.Tensor]:
-        """The full policy weights as CPU tensors keyed like the model's ``state_dict``.
+    # -- weights ----------------------------------------------------------------------------------
+    def weights_for_engine(self, path: Path | str | None = None) -> dict[str, torch.Tensor] | Path:
+        """The full policy weights, as :meth:`Learner.weights_for_engine` (dict, or a safetensors file).
 
         ZeRO 0-2 keep full parameters on every rank; ZeRO-3 gathers them (a collective: call it on
-        every rank). Feed the dict to an engine's weight update (or use :class:`VLLMWeightSync`).
+        every rank). A file is written by rank 0 only (atomically), and its path returned on all ranks.
         """
-        module = self.engine.module
-        params = list(module.parameters())
-        gather = self.config.zero_stage == 3
         import deepspeed
 
-        with deepspeed.zero.GatheredParameters(params, enabled=gather):
-            return {k: v.detach().to("cpu", copy=True) for k, v in module.state_dict().items()}
+        module = self.engine.module
+        with deepspeed.zero.GatheredParameters(list(module.parameters()), enabled=self.backend.zero_stage == 3):
+            sd = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in module.state_dict().items()}
+        if path is None:
+            return sd
+        from safetensors.torch import save_file
+
+        path = Path(path)
+        if self.rank == 0:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.tmp")
+            save_file(sd, str(tmp), metadata={"version": str(self.version)})
+            tmp.replace(path)
+        if self.world_size > 1:
+            dist.barrier()
+        return path
 
     def full_gradients(self) -> dict[str, torch.Tensor]:
-        """Full gradients held by DeepSpeed after the last backward of a step (for tests/debugging).
+        """Full (reduced) gradients DeepSpeed holds between the last backward of a step and the step.
 
-        Only meaningful between the last ``backward`` of an accumulation window and ``step``.
+        For debugging; after :meth:`update` they are already consumed.
         """
         from deepspeed.utils import safe_get_full_grad
 
-        return {
-            n: safe_get_full_grad(p).detach().cpu().clone()
-            for n, p in self.engine.module.named_parameters()
-            if safe_get_full_grad(p) is not None
-        }
-
-    def close(self) -> None:
-        """Release the engine (the process group stays for later learners in this process)."""
-        self.engine = None  # type: ignore[assignment]
+        out = {}
+        for n, p in self.engine.module.named_parameters():
+            g = safe_get_full_grad(p)
+            if g is not None:
+                out[n] = g.detach().cpu().clone()
+        return out
 
     # -- helpers -------------------------------------------------------------------------------
     def _gather(self, obj: Any) -> list[Any]:
@@ -403,6 +458,11 @@ class OpenRLHFLearner:
         parts: list[Any] = [None] * self.world_size
         dist.all_gather_object(parts, obj)
         return parts
+
+
+def _shard_offset(rows: int, rank: int, world: int) -> int:
+    per, extra = divmod(rows, world)
+    return rank * per + min(rank, extra)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -474,7 +534,8 @@ class RayLearnerGroup:
 
     Args:
         model_factory: Picklable zero-argument callable building the policy inside each actor.
-        config: Backend configuration.
+        optim: Optimizer settings.
+        backend: DeepSpeed settings.
         world_size: Number of actors (GPUs).
         num_gpus_per_actor: GPUs per actor (1 on GPU machines).
     """
@@ -482,7 +543,8 @@ class RayLearnerGroup:
     def __init__(
         self,
         model_factory: Callable[[], nn.Module],
-        config: OpenRLHFBackendConfig,
+        optim: OptimConfig,
+        backend: OpenRLHFBackendConfig,
         world_size: int,
         num_gpus_per_actor: float = 1.0,
     ) -> None:
@@ -492,49 +554,49 @@ class RayLearnerGroup:
         first = actor_cls.remote(world_size, 0, None, None)
         addr, port = ray.get(first.get_master_addr_port.remote())
         self.actors = [first] + [actor_cls.remote(world_size, r, addr, port) for r in range(1, world_size)]
-        ray.get([a.init_learner.remote(model_factory, config) for a in self.actors])
+        ray.get([a.init_learner.remote(model_factory, optim, backend) for a in self.actors])
 
-    def _all(self, method: str, *args: Any) -> Any:
+    def _all(self, method: str, *args: Any, **kwargs: Any) -> Any:
         import ray
 
-        return ray.get([getattr(a, method).remote(*args) for a in self.actors])[0]
+        return ray.get([getattr(a, method).remote(*args, **kwargs) for a in self.actors])[0]
 
-    def update(self, batch: PolicyBatch) -> OpenRLHFUpdate:
-        """One optimizer step on every actor; rank 0's :class:`OpenRLHFUpdate`."""
-        return self._all("update", batch)
+    def update(self, trajectories: Sequence[Trajectory], *, scores: Sequence[torch.Tensor] | None = None) -> UpdateStats:
+        """One optimizer step on every actor; rank 0's :class:`UpdateStats`."""
+        return self._all("update", list(trajectories), scores=scores)
 
-    def score(self, batch: PolicyBatch) -> torch.Tensor:
-        """Current log-probabilities ``(b, t)`` (see :meth:`OpenRLHFLearner.score`)."""
-        return self._all("score", batch)
+    def score(self, trajectories: Sequence[Trajectory]) -> list[torch.Tensor]:
+        """Current log-probabilities per trajectory (see :meth:`OpenRLHFLearner.score`)."""
+        return self._all("score", list(trajectories))
 
     @property
     def version(self) -> int:
         """Policy version of rank 0."""
-        return self._all("version")
+        return self._all("get_version")
 
-    def weights_for_engine(self) -> dict[str, torch.Tensor]:
-        """Full weights from rank 0 (ZeRO-3 gathers on all actors)."""
-        return self._all("weights_for_engine")
+    def weights_for_engine(self, path: str | None = None) -> Any:
+        """Full weights (or a file written by rank 0); ZeRO-3 gathers on all actors."""
+        return self._all("weights_for_engine", path)
 
 
 def _learner_actor_class() -> type:
-    orl_launcher = __import__("openrlhf.trainer.ray.launcher", fromlist=["BaseDistributedActor"])
+    from openrlhf.trainer.ray.launcher import BaseDistributedActor
 
-    class _LearnerActor(orl_launcher.BaseDistributedActor):
-        def init_learner(self, model_factory: Callable[[], nn.Module], config: OpenRLHFBackendConfig) -> None:
-            self.learner = OpenRLHFLearner(model_factory(), config)
+    class _LearnerActor(BaseDistributedActor):
+        def init_learner(self, model_factory: Callable[[], nn.Module], optim: OptimConfig, backend: OpenRLHFBackendConfig) -> None:
+            self.learner = OpenRLHFLearner(model_factory(), optim, backend)
 
-        def update(self, batch: PolicyBatch) -> OpenRLHFUpdate:
-            return self.learner.update(batch)
+        def update(self, trajectories: list[Trajectory], scores: list[torch.Tensor] | None = None) -> UpdateStats:
+            return self.learner.update(trajectories, scores=scores)
 
-        def score(self, batch: PolicyBatch) -> torch.Tensor:
-            return self.learner.score(batch)
+        def score(self, trajectories: list[Trajectory]) -> list[torch.Tensor]:
+            return self.learner.score(trajectories)
 
-        def version(self) -> int:
+        def get_version(self) -> int:
             return self.learner.version
 
-        def weights_for_engine(self) -> dict[str, torch.Tensor]:
-            return self.learner.weights_for_engine()
+        def weights_for_engine(self, path: str | None = None) -> Any:
+            return self.learner.weights_for_engine(path)
 
     return _LearnerActor
 
@@ -582,7 +644,7 @@ class VLLMWeightSync:
         if self.learner.rank == 0:
             ray.get([e.reset_prefix_cache.remote() for e in self.engines])
         named = list(self.learner.engine.module.named_parameters())
-        zero3 = self.learner.config.zero_stage == 3
+        zero3 = self.learner.backend.zero_stage == 3
         for count, (name, p) in enumerate(named, start=1):
             with deepspeed.zero.GatheredParameters([p], enabled=zero3):
                 if self.learner.rank == 0:

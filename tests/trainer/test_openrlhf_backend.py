@@ -1,0 +1,150 @@
+"""The OpenRLHF/DeepSpeed learner makes REAL DeepSpeed updates on a CPU (gloo, loopback) and moves
+the weights exactly as the single-process learner does on the same batch.
+
+Each case runs in spawned processes (``run_cpu_data_parallel``) so no process group or DeepSpeed
+state is left in the pytest process. Budget: about 60 s on a 2-core machine (process start and
+imports dominate; each DeepSpeed init takes about 2 s).
+
+Why the comparison is sharp: AdamW's first step is ``lr * g / (|g| + eps)`` per coordinate, which is
+nearly ``lr * sign(g)`` with the default eps and would hide a wrongly scaled gradient (a missing
+``gas * dp`` factor). With ``adam_eps = 10`` (>> |g|) the step is close to linear in ``g``, so equal
+weights after the step mean equal gradients; the pre-clip gradient norms are compared directly too.
+Weight decay is 0 here because OpenRLHF exempts biases and norm weights from decay and the
+single-process learner does not (a documented difference, see /work/notes/openrlhf.md).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+pytest.importorskip("deepspeed", reason="needs deepspeed: run scripts/install_openrlhf.sh")
+pytest.importorskip("openrlhf", reason="needs openrlhf: run scripts/install_openrlhf.sh")
+
+from agentenv.errors import ConfigError, DataError  # noqa: E402
+from agentenv.trainer.learner import Learner, OptimConfig  # noqa: E402
+from agentenv.trainer.openrlhf_backend import OpenRLHFBackendConfig, run_cpu_data_parallel  # noqa: E402
+
+from .conftest import make_trajectories, on_policy, tiny_model  # noqa: E402
+
+pytestmark = pytest.mark.openrlhf
+
+OPTIM = OptimConfig(lr=1e-2, adam_eps=10.0, weight_decay=0.0, grad_clip=1.0, micro_batch_size=1, delta=1e-3)
+
+
+def _batches():
+    """Two fresh batches: 4 rows, then 3 rows (one short of B, so a rank pads a micro-step)."""
+    base = tiny_model(0)
+    a = make_trajectories(4, seed=1, rewards=[1, 0, 0, 1])
+    b = make_trajectories(3, seed=2, rewards=[0, 1, 1])
+    learner = Learner(base, OPTIM)
+    # Behaviour log-probs near the model's own, so the gate admits most rows (noise makes rho != 1).
+    return on_policy(a, learner.score(a), noise=0.02, seed=3), on_policy(b, learner.score(b), noise=0.02, seed=4)
+
+
+def _reference(batches):
+    """The single-process learner's weights and grad norms after the same updates."""
+    learner = Learner(tiny_model(0), OPTIM)
+    norms, stats = [], []
+    for batch in batches:
+        st = learner.update(batch)
+        norms.append(st.grad_norm)
+        stats.append(st)
+    return learner.weights_for_engine(), norms, stats
+
+
+def _rank_run(rank: int, batches, zero_stage: int, rows: int):
+    from agentenv.trainer.openrlhf_backend import OpenRLHFLearner
+
+    learner = OpenRLHFLearner(tiny_model(0), OPTIM, OpenRLHFBackendConfig(rows_per_update=rows, zero_stage=zero_stage))
+    before = learner.weights_for_engine()
+    out = []
+    for batch in batches:
+        st = learner.update(batch)
+        out.append((st.version, st.stepped, st.grad_norm, st.objective.admitted, st.objective.rows, st.loss))
+    scores = learner.score(batches[0])
+    return {
+        "before": before, "after": learner.weights_for_engine(), "updates": out, "scores": scores,
+        "gas": learner.gas, "world": learner.world_size, "engine": type(learner.engine).__name__,
+        "optimizer": type(learner.engine.optimizer).__name__,
+    }
+
+
+def _check_against_reference(results, batches):
+    ref_w, ref_norms, ref_stats = _reference(batches)
+    init = tiny_model(0).state_dict()
+    for res in results:
+        moved = max(float((res["after"][k] - init[k]).abs().max()) for k in init)
+        assert moved > 1e-4, "the DeepSpeed update did not change the weights"
+        for k in ref_w:
+            assert torch.allclose(res["after"][k], ref_w[k], atol=2e-6, rtol=1e-5), k
+        for (version, stepped, norm, admitted, rows, loss), ref in zip(res["updates"], ref_stats, strict=True):
+            assert stepped and version == ref.version
+            assert norm == pytest.approx(ref.grad_norm, rel=1e-4)
+            assert admitted == ref.objective.admitted and rows == ref.objective.rows
+            assert loss == pytest.approx(ref.loss, rel=1e-4, abs=1e-7)
+    return ref_norms
+
+
+def test_world_size_1_zero2_matches_single_process_learner():
+    batches = _batches()
+    (res,) = run_cpu_data_parallel(
+        functools.partial(_rank_run, batches=batches, zero_stage=2, rows=4), world_size=1, timeout_s=300
+    )
+    assert res["gas"] == 4 and res["world"] == 1  # B=4, micro 1: four accumulated micro-steps
+    assert res["engine"] == "DeepSpeedEngine" and "Zero" in res["optimizer"]
+    norms = _check_against_reference([res], batches)
+    assert all(n > 0 for n in norms)
+
+
+def test_world_size_2_zero2_gloo_matches_single_process_learner():
+    """Two ranks on loopback: each gets half the rows; the 3-row batch leaves rank 1 a padding step."""
+    batches = _batches()
+    results = run_cpu_data_parallel(
+        functools.partial(_rank_run, batches=batches, zero_stage=2, rows=4), world_size=2, timeout_s=300
+    )
+    assert [r["world"] for r in results] == [2, 2] and results[0]["gas"] == 2
+    _check_against_reference(results, batches)
+    # Both ranks hold the same weights, and score() gathers every row on both.
+    for k in results[0]["after"]:
+        assert torch.equal(results[0]["after"][k], results[1]["after"][k])
+    for a, b, tr in zip(results[0]["scores"], results[1]["scores"], batches[0], strict=True):
+        assert a.shape == (tr.num_policy_tokens,) and torch.equal(a, b)
+
+
+def test_config_errors():
+    with pytest.raises(ConfigError):
+        OpenRLHFBackendConfig(zero_stage=4)
+    with pytest.raises(ConfigError):
+        OpenRLHFBackendConfig(param_dtype="int8")
+    with pytest.raises(ConfigError):
+        OpenRLHFBackendConfig(rows_per_update=6).grad_accumulation_steps(micro_batch_size=4, world_size=1)
+    assert OpenRLHFBackendConfig(rows_per_update=8).grad_accumulation_steps(2, 2) == 2
+
+
+def _rank_bad_input(rank: int):
+    from agentenv.trainer.openrlhf_backend import OpenRLHFLearner
+
+    learner = OpenRLHFLearner(tiny_model(0), OPTIM, OpenRLHFBackendConfig(rows_per_update=2, zero_stage=0))
+    before = learner.weights_for_engine()
+    errors = []
+    too_many = make_trajectories(3, seed=5)
+    bad = make_trajectories(2, seed=6, rewards=[0, 1])
+    bad[1].behaviour_logprobs[-1] = float("nan")
+    equal = make_trajectories(2, seed=7, rewards=[1, 1])
+    for trs in (too_many, bad):
+        try:
+            learner.update(trs)
+        except DataError as e:
+            errors.append(str(e))
+    skipped = learner.update(equal)  # all advantages 0: no step, version unchanged
+    after = learner.weights_for_engine()
+    return errors, skipped.stepped, skipped.version, all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_bad_input_is_refused_and_weights_untouched():
+    ((errors, stepped, version, unchanged),) = run_cpu_data_parallel(_rank_bad_input, world_size=1, timeout_s=300)
+    assert len(errors) == 2 and "rows_per_update=2" in errors[0] and "traj6-1" in errors[1]
+    assert stepped is False and version == 0 and unchanged
