@@ -19,6 +19,7 @@ Semantics of :meth:`TrajectoryPool.select_batch` (``B`` = batch size, ``N`` = oc
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -49,8 +50,9 @@ _COLUMNS = {"seq": np.int64, "v_c": np.int64, "gs": np.float64, "share": np.floa
 class _Older:
     """Policy-token positions of a trajectory's older segments and their behaviour log-probs."""
 
-    idx: np.ndarray  # (n_old,) int64 indices into the (T,) policy tokens
-    mu: np.ndarray  # (n_old,) float64 behaviour log-probabilities there
+    n: int  # number of older-segment tokens
+    idx: np.ndarray | None  # (n,) int64 indices into the (T,) policy tokens; None when they are [0, n)
+    mu: np.ndarray  # (n,) float64 behaviour log-probabilities there
 
 
 def _older_tokens(traj: Trajectory) -> _Older:
@@ -63,8 +65,15 @@ def _older_tokens(traj: Trajectory) -> _Older:
             mu.append(np.asarray(traj.behaviour_logprobs[s.start : s.end], dtype=np.float64))
         pos += s.num_tokens
     if not idx:
-        return _Older(np.zeros(0, np.int64), np.zeros(0))
-    return _Older(np.concatenate(idx), np.concatenate(mu))
+        return _Older(0, None, np.zeros(0))
+    i = np.concatenate(idx)
+    prefix = bool(i[-1] == i.shape[0] - 1)  # versions never decrease: the older tokens come first
+    return _Older(i.shape[0], None if prefix else i, np.concatenate(mu))
+
+
+def _check_logprobs(q: np.ndarray) -> None:
+    if not np.isfinite(q).all() or (q > 1e-6).any():
+        raise DataError("drift_scorer: non-finite or positive log-probability")
 
 
 @dataclass
@@ -151,7 +160,7 @@ class TrajectoryPool:
         self.config = config or StalenessConfig()
         self._trajs: list[Trajectory] = []
         self._ids: set[str] = set()
-        self._older: list[_Older] = []
+        self._older: list[_Older | None] = []  # scoring mode only
         self._cols = {k: np.zeros(64, dtype=t) for k, t in _COLUMNS.items()}
         self._next_seq = 0
         self._step = 0
@@ -159,6 +168,7 @@ class TrajectoryPool:
         """The smoothed rejection rate ``r`` (dimensionless, in [0, 1])."""
         self._score_version: int | None = None
         self._score_cache: dict[str, np.ndarray] = {}
+        self._drift_cache: dict[str, float] = {}
 
     # -- contents ---------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -193,16 +203,17 @@ class TrajectoryPool:
         self._next_seq += 1
         self._trajs.append(traj)
         self._ids.add(traj.id)
-        self._older.append(_older_tokens(traj))
+        scoring = self.config.policy == "pace" and self.config.drift_mode == "scoring"
+        self._older.append(_older_tokens(traj) if scoring else None)
 
-    def _remove(self, keep: np.ndarray) -> None:
+    def _remove(self, keep: np.ndarray, removed: list[Trajectory]) -> None:
         n = len(self._trajs)
         m = int(keep.sum())
         for c in self._cols.values():
             c[:m] = c[:n][keep]
-        self._ids.difference_update(t.id for t, k in zip(self._trajs, keep.tolist(), strict=True) if not k)
-        self._trajs = [t for t, k in zip(self._trajs, keep.tolist(), strict=True) if k]
-        self._older = [o for o, k in zip(self._older, keep.tolist(), strict=True) if k]
+        self._ids.difference_update(t.id for t in removed)
+        self._trajs = list(itertools.compress(self._trajs, keep.tolist()))
+        self._older = list(itertools.compress(self._older, keep.tolist()))
 
     # -- selection --------------------------------------------------------------------------------
     def select_batch(
@@ -217,6 +228,9 @@ class TrajectoryPool:
                 ``(T_i,)`` policy-token log-probabilities for a list of trajectories. It is called at
                 most once per call, on the candidates not yet scored at ``current_version`` (all of
                 them when the budget is positive, only the batch otherwise).
+
+        The scorer's log-probabilities are checked (finite, <= 0) on the older-segment tokens used
+        for ``f`` and on every batch member's array returned in ``scores``.
 
         Returns:
             The batch (``B`` oldest remaining, completion order, or empty), the rejected trajectories,
@@ -234,7 +248,7 @@ class TrajectoryPool:
         if scoring and drift_scorer is None:
             raise ConfigError("staleness.drift_mode='scoring' needs a drift_scorer (or use 'token_share')")
         if self._score_version != current_version:
-            self._score_version, self._score_cache = current_version, {}
+            self._score_version, self._score_cache, self._drift_cache = current_version, {}, {}
         n = len(self._trajs)
         b = batch_size
         target = cfg.target_occupancy if cfg.target_occupancy is not None else b
@@ -282,6 +296,7 @@ class TrajectoryPool:
                 f = nan.copy()
                 f[chosen] = self._drift(chosen, drift_scorer)
             scores = [self._score_cache[self._trajs[i].id] for i in chosen.tolist()]
+            _check_logprobs(np.concatenate(scores))
 
         # Nothing below can fail: commit the decision.
         self.rate = new_rate
@@ -295,47 +310,50 @@ class TrajectoryPool:
         dec.rejected_count = len(rejected)
         if chosen.shape[0] or reject.shape[0]:
             keep[chosen] = False
-            self._remove(keep)
+            self._remove(keep, batch + rejected)
             self._step += 1
         requeue = [t.task_id for t in rejected] if cfg.requeue_rejected else []
         return BatchSelection(batch, rejected, dec, scores, requeue)
 
     def _drift(self, rows: np.ndarray, scorer: DriftScorer) -> np.ndarray:
-        """Prefix drift ``f`` ``(len(rows),)`` for pool rows, scoring those not cached at this version."""
+        """Prefix drift ``f`` ``(len(rows),)`` for pool rows, scoring those not cached at this version.
+
+        The scorer's arrays are validated and reduced in one vectorised block over their concatenation;
+        ``f`` and the arrays are cached per trajectory id until the version changes.
+        """
         trajs = [self._trajs[i] for i in rows.tolist()]
-        todo = [t for t in trajs if t.id not in self._score_cache]
+        todo = [j for j, t in enumerate(trajs) if t.id not in self._drift_cache]
         if todo:
-            out = scorer(todo)
+            out = scorer([trajs[j] for j in todo])
             if len(out) != len(todo):
                 raise DataError(f"drift_scorer returned {len(out)} arrays for {len(todo)} trajectories")
-            fresh = {}
-            for t, s in zip(todo, out, strict=True):
-                a = s.detach().cpu().double().numpy() if hasattr(s, "detach") else np.asarray(s, np.float64)
-                a = a.reshape(-1)
-                if a.shape[0] != t.num_policy_tokens:
-                    raise DataError(
-                        f"drift_scorer: trajectory {t.id} has {t.num_policy_tokens} policy tokens, "
-                        f"got {a.shape[0]} log-probabilities")
-                if not np.isfinite(a).all() or (a > 1e-6).any():
-                    raise DataError(f"drift_scorer: non-finite or positive log-probability for {t.id}")
-                fresh[t.id] = a
-            self._score_cache.update(fresh)
-        olds = [self._older[i] for i in rows.tolist()]
-        lens = np.fromiter((o.idx.shape[0] for o in olds), dtype=np.int64, count=len(olds))
-        f = np.zeros(len(olds))
-        has = lens > 0
-        if has.any():
-            sel = np.flatnonzero(has).tolist()
-            q = [self._score_cache[trajs[j].id] for j in sel]
-            tl = np.fromiter((a.shape[0] for a in q), dtype=np.int64, count=len(q))
-            offsets = np.concatenate([[0], np.cumsum(tl)[:-1]])
-            nl = lens[has]
-            gidx = np.concatenate([olds[j].idx for j in sel]) + np.repeat(offsets, nl)
-            mu = np.concatenate([olds[j].mu for j in sel])
-            d = np.abs(np.concatenate(q)[gidx] - mu)
-            starts = np.concatenate([[0], np.cumsum(nl)[:-1]])
-            f[has] = np.add.reduceat(d, starts) / nl
-        return f
+            arrs = [
+                (s.detach().cpu().double().numpy() if hasattr(s, "detach") else np.asarray(s)).reshape(-1)
+                for s in out
+            ]
+            lens = np.fromiter((a.shape[0] for a in arrs), dtype=np.int64, count=len(arrs))
+            want = np.fromiter((trajs[j].num_policy_tokens for j in todo), dtype=np.int64, count=len(todo))
+            if (bad := np.flatnonzero(lens != want)).size:
+                t = trajs[todo[bad[0]]]
+                raise DataError(f"drift_scorer: trajectory {t.id} has {want[bad[0]]} policy tokens, "
+                                f"got {lens[bad[0]]} log-probabilities")
+            olds = [self._older[rows[j]] for j in todo]
+            nold = np.fromiter((o.n for o in olds), dtype=np.int64, count=len(olds))
+            f_new = np.zeros(len(todo))
+            if nold.sum():
+                pairs = zip(arrs, olds, strict=True)
+                parts = [a[: o.n] if o.idx is None else a[o.idx] for a, o in pairs if o.n]
+                q = np.concatenate(parts)
+                _check_logprobs(q)
+                d = np.abs(q - np.concatenate([o.mu for o in olds if o.n]))
+                has = nold > 0
+                starts = (np.cumsum(nold) - nold)[has]
+                f_new[has] = np.add.reduceat(d, starts, dtype=np.float64) / nold[has]
+            for j, a, fv in zip(todo, arrs, f_new.tolist(), strict=True):
+                tid = trajs[j].id
+                self._score_cache[tid] = a
+                self._drift_cache[tid] = fv
+        return np.fromiter((self._drift_cache[t.id] for t in trajs), dtype=np.float64, count=len(trajs))
 
     # -- checkpoints ------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

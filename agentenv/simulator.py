@@ -183,7 +183,7 @@ class SimResult:
         def pct(a: np.ndarray, q: float) -> float:
             return float(np.percentile(a, q)) if a.size else 0.0
 
-        s = self.s
+        s, occ = self.s, self.occupancy_at_select
         return {
             "updates_per_hour": self.updates_per_hour, "updates": self.updates,
             "gs_mean": float(self.gs.mean()) if self.gs.size else 0.0, "gs_p90": pct(self.gs, 90),
@@ -191,8 +191,8 @@ class SimResult:
             "s_mean": float(s.mean()) if s.size else 0.0, "s_p50": pct(s, 50), "s_p90": pct(s, 90),
             "s_p99": pct(s, 99), "s_max": float(s.max()) if s.size else 0.0,
             "rejection_rate": self.rejection_rate,
-            "occupancy_mean": float(self.occupancy_at_select.mean()) if self.occupancy_at_select.size else 0.0,
-            "occupancy_p90": pct(self.occupancy_at_select, 90), "occupancy_time_mean": self.occupancy_time_mean,
+            "occupancy_mean": float(occ.mean()) if occ.size else 0.0, "occupancy_p90": pct(occ, 90),
+            "occupancy_time_mean": self.occupancy_time_mean,
             "generator_busy": self.generator_busy, "engine_utilization": self.engine_utilization,
             "trainer_busy": self.trainer_busy,
         }
@@ -466,7 +466,7 @@ def format_table(results: list[SimResult]) -> str:
     for r in results:
         s = r.summary()
         cells = []
-        for h, k in cols:
+        for _, k in cols:
             if k is None:
                 cells.append(f"{r.policy:>10}")
             elif k in ("rejection_rate",):

@@ -172,9 +172,13 @@ def highest_first(scores: np.ndarray, k: int) -> np.ndarray:
     k = max(0, min(int(k), s.shape[0]))
     if k == 0:
         return np.zeros(0, dtype=np.int64)
-    idx = np.arange(s.shape[0])
-    order = np.lexsort((-idx, -s))  # primary: S_eff descending; secondary: position descending
-    return order[:k].astype(np.int64)
+    if k < s.shape[0]:  # only values >= the k-th largest can be taken (ties at the edge included)
+        kth = np.partition(s, s.shape[0] - k)[s.shape[0] - k]
+        cand = np.flatnonzero(s >= kth)
+    else:
+        cand = np.arange(s.shape[0])
+    order = np.lexsort((-cand, -s[cand]))  # primary: score descending; secondary: position descending
+    return cand[order[:k]].astype(np.int64)
 
 
 def prefix_drift(current_logprobs: np.ndarray, behaviour_logprobs: np.ndarray, older: np.ndarray) -> float:

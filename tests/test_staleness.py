@@ -92,6 +92,18 @@ def test_config_rejects_bad_values(kwargs):
 
 def test_config_defaults():
     c = StalenessConfig()
-    assert (c.policy, c.gamma, c.beta, c.target_occupancy, c.drift_mode) == ("pace", 4.0, 0.9, None, "scoring")
+    got = (c.policy, c.gamma, c.beta, c.target_occupancy, c.drift_mode, c.requeue_rejected)
+    assert got == ("pace", 4.0, 0.9, None, "scoring", True)
     with pytest.raises(AttributeError):
         c.policy = "none"  # frozen
+
+
+def test_highest_first_matches_full_sort_with_ties():
+    rng = np.random.default_rng(1)
+    for _ in range(300):
+        n = int(rng.integers(1, 50))
+        s = rng.integers(0, 5, n).astype(float)
+        k = int(rng.integers(0, n + 2))
+        pos = np.arange(n)
+        ref = sorted(range(n), key=lambda i: (-s[i], -pos[i]))[:k]
+        np.testing.assert_array_equal(highest_first(s, k), ref)
