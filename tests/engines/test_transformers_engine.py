@@ -1,0 +1,226 @@
+"""TransformersEngine: batching, exact behaviour log-probs, partial-rollout continuation, failures."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import torch
+
+from agentenv.engines.base import ContinuationMode, GenerationEngine, SamplingParams, TokenSpan
+from agentenv.engines.transformers_engine import TransformersEngine
+from agentenv.errors import ClosedError, ConfigError, EngineError, WeightUpdateError
+from agentenv.models import tiny_random_model
+from tests.engines.helpers import GatedForward, full_forward_logprobs, keep_mode_logprobs
+
+PROMPTS = [[5 + i + 7 * j for j in range(3 + 4 * i)] for i in range(6)]  # lengths 3, 7, ..., 23
+
+
+@pytest.fixture(scope="module")
+def refs():
+    """Reference copies of the weights of versions 0, 1, 2 (never served)."""
+    return [tiny_random_model(seed=s) for s in range(3)]
+
+
+async def wait_for(pred, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, "condition not reached"
+        await asyncio.sleep(0.001)
+
+
+async def test_engine_satisfies_protocol():
+    engine = TransformersEngine(tiny_random_model())
+    assert isinstance(engine, GenerationEngine)
+    assert engine.max_context_tokens == 2048 and engine.version == 0
+    await engine.close()
+    await engine.close()  # twice is fine
+    with pytest.raises(ClosedError):
+        await engine.generate([1, 2], SamplingParams(max_new_tokens=2))
+
+
+async def test_concurrent_requests_equal_one_at_a_time(refs):
+    params = [SamplingParams(max_new_tokens=12 + 3 * i, seed=100 + i) for i in range(len(PROMPTS))]
+    engine = TransformersEngine(tiny_random_model(seed=0), max_batch_size=4)  # 6 requests > 4 slots
+    batched = await asyncio.gather(*[engine.generate(p, s) for p, s in zip(PROMPTS, params)])
+    assert engine.num_steps < sum(s.max_new_tokens for s in params)  # rows really shared steps
+    for prompt, sp, out in zip(PROMPTS, params, batched):
+        alone = await engine.generate(prompt, sp)
+        assert out.token_ids == alone.token_ids
+        assert len(out.token_ids) == sp.max_new_tokens and out.finish_reason == "length"
+        assert out.spans == [TokenSpan(sp.max_new_tokens, 0, 0)]
+        torch.testing.assert_close(torch.tensor(out.logprobs), torch.tensor(alone.logprobs), atol=1e-4, rtol=0)
+        ref = full_forward_logprobs(refs[0], prompt, out.token_ids)
+        torch.testing.assert_close(torch.tensor(out.logprobs), ref, atol=1e-4, rtol=0)
+    await engine.close()
+
+
+async def test_temperature_and_top_p_logprobs_are_the_processed_ones(refs):
+    engine = TransformersEngine(tiny_random_model(seed=0))
+    prompt = PROMPTS[2]
+    for temp, top_p in [(0.7, 1.0), (1.3, 0.9), (0.5, 0.6)]:
+        out = await engine.generate(prompt, SamplingParams(max_new_tokens=16, temperature=temp, top_p=top_p, seed=7))
+        got = torch.tensor(out.logprobs)
+        assert torch.isfinite(got).all()  # every sampled token lies inside the nucleus
+        ref = full_forward_logprobs(refs[0], prompt, out.token_ids, temp, top_p)
+        torch.testing.assert_close(got, ref, atol=1e-4, rtol=0)
+        raw = full_forward_logprobs(refs[0], prompt, out.token_ids)
+        assert (got - raw).abs().max() > 1e-2  # the raw log-probs would be a different (wrong) answer
+    await engine.close()
+
+
+async def test_greedy_and_stop_tokens():
+    engine = TransformersEngine(tiny_random_model(seed=0))
+    prompt = PROMPTS[1]
+    free = await engine.generate(prompt, SamplingParams(max_new_tokens=10, temperature=0.0))
+    assert free.logprobs == [0.0] * 10
+    again = await engine.generate(prompt, SamplingParams(max_new_tokens=10, temperature=0.0))
+    assert again.token_ids == free.token_ids  # greedy is deterministic
+    stop = free.token_ids[3]
+    first = free.token_ids.index(stop)
+    out = await engine.generate(prompt, SamplingParams(max_new_tokens=10, temperature=0.0, stop_token_ids=(stop,)))
+    assert out.token_ids == free.token_ids[: first + 1]  # stop token included, nothing after it
+    assert out.finish_reason == "stop" and not out.truncated_context
+    await engine.close()
+
+
+async def test_context_limit_truncates():
+    engine = TransformersEngine(tiny_random_model(), max_context_tokens=20)
+    out = await engine.generate(list(range(10, 25)), SamplingParams(max_new_tokens=10, seed=1))
+    assert len(out.token_ids) == 5 and out.finish_reason == "length" and out.truncated_context
+    out = await engine.generate(list(range(10, 30)), SamplingParams(max_new_tokens=10))
+    assert out.token_ids == [] and out.truncated_context
+    out = await engine.generate(list(range(10, 15)), SamplingParams(max_new_tokens=3, seed=1))
+    assert len(out.token_ids) == 3 and out.finish_reason == "length" and not out.truncated_context
+    with pytest.raises(EngineError, match="exceeds the context limit"):
+        await engine.generate(list(range(10, 31)), SamplingParams(max_new_tokens=1))
+    with pytest.raises(EngineError, match="empty prompt"):
+        await engine.generate([], SamplingParams())
+    with pytest.raises(EngineError, match="outside the vocabulary"):
+        await engine.generate([49152], SamplingParams())
+    with pytest.raises(ConfigError):
+        await engine.generate([1], SamplingParams(top_p=0.0))
+    await engine.close()
+
+
+@pytest.mark.parametrize("mode", [ContinuationMode.KEEP, ContinuationMode.RECOMPUTE])
+async def test_interrupted_twice_gives_three_spans_from_the_right_weights(refs, mode):
+    model = tiny_random_model(seed=0)
+    # forward calls: 1 prefill, then one per token. RECOMPUTE adds a re-prefill call after each update.
+    gates = (6, 16) if mode is ContinuationMode.KEEP else (6, 17)
+    gate = GatedForward(model, gates=gates)
+    engine = TransformersEngine(model, continuation=mode)
+    prompt, params = PROMPTS[3], SamplingParams(max_new_tokens=30, temperature=0.9, seed=11)
+    task = asyncio.create_task(engine.generate(prompt, params))
+    for version, n in enumerate(gates, start=1):
+        await wait_for(gate.reached[n].is_set)
+        update = asyncio.create_task(engine.update_weights(refs[version].state_dict(), version))
+        await wait_for(lambda: not engine._inbox.empty())  # queued before the step ends
+        gate.gates[n].set()
+        await update
+        assert engine.version == version
+    out = await task
+    prefix = [0, 0, 0] if mode is ContinuationMode.KEEP else [0, 1, 2]
+    assert out.spans == [TokenSpan(6, 0, prefix[0]), TokenSpan(10, 1, prefix[1]), TokenSpan(14, 2, prefix[2])]
+    assert len(out.token_ids) == 30  # the budget is what remained, not 30 again after each resume
+    got = torch.tensor(out.logprobs)
+    if mode is ContinuationMode.KEEP:
+        ref = keep_mode_logprobs(refs, prompt, out.token_ids, out.spans, temperature=0.9)
+    else:  # each span is a full forward pass of its own version's weights
+        parts, start = [], 0
+        for version, span in enumerate(out.spans):
+            full = full_forward_logprobs(refs[version], prompt, out.token_ids, temperature=0.9)
+            parts.append(full[start : start + span.num_tokens])
+            start += span.num_tokens
+        ref = torch.cat(parts)
+    torch.testing.assert_close(got, ref, atol=1e-4, rtol=0)
+    # the swaps really changed the numbers: version-0 weights give something else after token 6
+    stale = full_forward_logprobs(refs[0], prompt, out.token_ids, temperature=0.9)
+    assert (stale[6:] - got[6:]).abs().max() > 1e-2
+    await engine.close()
+
+
+async def test_keep_mode_logprobs_match_old_cache_new_weights(refs):
+    """KEEP at temperature 1: the post-swap tokens are scored by new weights on an old-weights cache."""
+    model = tiny_random_model(seed=0)
+    gate = GatedForward(model, gates=(5,))
+    engine = TransformersEngine(model, continuation=ContinuationMode.KEEP)
+    prompt = PROMPTS[4]
+    task = asyncio.create_task(engine.generate(prompt, SamplingParams(max_new_tokens=12, seed=3)))
+    await wait_for(gate.reached[5].is_set)
+    update = asyncio.create_task(engine.update_weights(refs[1].state_dict(), 1))
+    await wait_for(lambda: not engine._inbox.empty())
+    gate.gates[5].set()
+    await update
+    out = await task
+    assert out.spans == [TokenSpan(5, 0, 0), TokenSpan(7, 1, 0)]
+    ref = keep_mode_logprobs(refs[:2], prompt, out.token_ids, out.spans)
+    torch.testing.assert_close(torch.tensor(out.logprobs), ref, atol=1e-4, rtol=0)
+    recomputed = full_forward_logprobs(refs[1], prompt, out.token_ids)
+    assert (recomputed[5:] - ref[5:]).abs().max() > 1e-4  # KEEP is not RECOMPUTE
+    await engine.close()
+
+
+async def test_failed_update_keeps_old_version(refs, tmp_path):
+    engine = TransformersEngine(tiny_random_model(seed=0))
+    bad_shape = dict(refs[1].state_dict())
+    bad_shape["model.norm.weight"] = torch.ones(3)
+    missing = {k: v for k, v in refs[1].state_dict().items() if "layers.1." not in k}
+    nan = {k: v.clone() for k, v in refs[1].state_dict().items()}
+    nan["model.norm.weight"][0] = float("nan")
+    for weights, match in [
+        (bad_shape, "shape"),
+        (missing, "missing"),
+        ({**refs[1].state_dict(), "extra.weight": torch.ones(1)}, "unknown"),
+        (nan, "NaN"),
+        (tmp_path / "nope.safetensors", "cannot read"),
+    ]:
+        with pytest.raises(WeightUpdateError, match=match):
+            await engine.update_weights(weights, 1)
+        assert engine.version == 0
+    with pytest.raises(WeightUpdateError, match="must exceed"):
+        await engine.update_weights(refs[1].state_dict(), 0)
+    out = await engine.generate(PROMPTS[0], SamplingParams(max_new_tokens=8, seed=2))
+    torch.testing.assert_close(
+        torch.tensor(out.logprobs), full_forward_logprobs(refs[0], PROMPTS[0], out.token_ids), atol=1e-4, rtol=0
+    )
+    # a good update from a safetensors file works afterwards, while idle
+    from safetensors.torch import save_model
+
+    save_model(refs[1], str(tmp_path / "v1.safetensors"))
+    await engine.update_weights(tmp_path / "v1.safetensors", 1)
+    out = await engine.generate(PROMPTS[0], SamplingParams(max_new_tokens=8, seed=2))
+    assert out.spans == [TokenSpan(8, 1, 1)]
+    torch.testing.assert_close(
+        torch.tensor(out.logprobs), full_forward_logprobs(refs[1], PROMPTS[0], out.token_ids), atol=1e-4, rtol=0
+    )
+    await engine.close()
+
+
+async def test_engine_failure_mid_generation_raises_engine_error_and_recovers():
+    model = tiny_random_model(seed=0)
+    gate = GatedForward(model, fail_at=8)
+    engine = TransformersEngine(model)
+    results = await asyncio.gather(
+        *[engine.generate(p, SamplingParams(max_new_tokens=20, seed=1)) for p in PROMPTS[:3]],
+        return_exceptions=True,
+    )
+    assert all(isinstance(r, EngineError) for r in results), results
+    assert "mid-request" in str(results[0])
+    gate.fail_at = None
+    out = await engine.generate(PROMPTS[0], SamplingParams(max_new_tokens=5, seed=1))
+    assert len(out.token_ids) == 5
+    await engine.close()
+
+
+async def test_cancelled_request_leaves_the_others_alone():
+    engine = TransformersEngine(tiny_random_model())
+    slow = asyncio.create_task(engine.generate(PROMPTS[0], SamplingParams(max_new_tokens=500, seed=1)))
+    await wait_for(lambda: engine.num_steps > 2)
+    slow.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await slow
+    out = await engine.generate(PROMPTS[1], SamplingParams(max_new_tokens=4, seed=1))
+    assert len(out.token_ids) == 4
+    await engine.close()
