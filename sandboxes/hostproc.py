@@ -35,7 +35,7 @@ def allocate_uid() -> int:
 
 
 def pids_of_uid(uid: int) -> list[int]:
-    """Pids whose real uid is ``uid`` (one pass over /proc)."""
+    """Live (not zombie) pids whose real uid is ``uid`` (one pass over /proc)."""
     found = []
     for name in os.listdir("/proc"):
         if not name.isdigit():
@@ -43,6 +43,8 @@ def pids_of_uid(uid: int) -> list[int]:
         try:
             with open(f"/proc/{name}/status", "rb") as f:
                 for line in f:
+                    if line.startswith(b"State:") and line.split()[1] in (b"Z", b"X"):
+                        break  # a zombie holds nothing; its parent (maybe init) reaps it
                     if line.startswith(b"Uid:"):
                         if int(line.split()[1]) == uid:
                             found.append(int(name))
@@ -117,6 +119,8 @@ async def kill_state(state: ProcState) -> None:
         await asyncio.wait_for(state.proc.wait(), 10)
     if state.proc.stdin is not None:
         state.proc.stdin.close()
+    with contextlib.suppress(asyncio.TimeoutError, OSError):  # let the pipe see EOF: transport closes
+        await asyncio.wait_for(state.proc.stdout.read(), 2)
     if state.tmpdir:
         shutil.rmtree(state.tmpdir, ignore_errors=True)
 

@@ -194,25 +194,29 @@ def _descendants(root):
     return found
 
 
-def _reap_children():
-    """Kill every process the snippet left behind; cheap (one syscall) when there is none."""
-    for _ in range(50):  # bounded: a fork bomb is fought for a few rounds, then the host kills us
+def _reap_children(deadline_s=3.0):
+    """Kill every process the snippet left behind and wait until they are gone.
+
+    Cheap (one syscall) when there is none. A fork bomb is fought for ``deadline_s`` seconds; the
+    host's per-call timeout and container/uid kill are the backstop.
+    """
+    import time
+
+    end = time.monotonic() + deadline_s
+    while True:
         try:
-            pid, _status = os.waitpid(-1, os.WNOHANG)
+            while os.waitpid(-1, os.WNOHANG)[0]:
+                pass  # reap what already exited
         except ChildProcessError:
+            return  # no descendant left at all (orphans come back to us: we are a subreaper)
+        if time.monotonic() > end:
             return
-        if pid:
-            continue
         for p in _descendants(os.getpid()):
             try:
                 os.kill(p, signal.SIGKILL)
             except OSError:
                 pass
-        try:
-            while os.waitpid(-1, os.WNOHANG)[0]:
-                pass
-        except ChildProcessError:
-            return
+        time.sleep(0.001)
 
 
 def _run(code, cap, namespace, out_fd, err_fd):

@@ -89,7 +89,7 @@ async def test_concurrent_sandboxes_are_independent():
         await asyncio.gather(*(sb.run(f"v = {i}") for i, sb in enumerate(sbs)))
         outs = await asyncio.gather(*(sb.run("print(v * 10)") for sb in sbs))
         assert [o.stdout for o in outs] == [f"{i * 10}\n" for i in range(6)]
-        assert pool.waits == 2
+        assert pool.waits <= 2  # 4 were warm; the pool may have refilled one or two meanwhile
     finally:
         await pool.close()
 
