@@ -125,7 +125,9 @@ class ChatRenderer:
         Raises:
             TemplateError: The template failed to render.
         """
-        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user_text}]
+        messages = ([{"role": "system", "content": system}] if system else []) + [
+            {"role": "user", "content": user_text}
+        ]
         return self._encode(self._render(messages, add_generation_prompt=True, tools=tools))
 
     def observation_tokens(self, role: str, content: str, *, previous_reply: str | None = None) -> list[int]:
@@ -160,10 +162,14 @@ class ChatRenderer:
         cut += len(self._eot_text)
         if long[:cut] != short[:cut]:
             self.template_errors += 1
-            diverge = next(i for i, (a, b) in enumerate(zip(long, short)) if a != b) if long[:cut] else 0
+            diverge = (
+                next(i for i, (a, b) in enumerate(zip(long, short, strict=False)) if a != b)
+                if long[:cut]
+                else 0
+            )
             raise TemplateError(
                 f"chat template is not append-only: adding a {role!r} message changes earlier text "
-                f"at character {diverge} (...{short[max(0, diverge - 40):diverge + 40]!r})"
+                f"at character {diverge} (...{short[max(0, diverge - 40) : diverge + 40]!r})"
             )
         return self._encode(long[cut:])
 

@@ -52,7 +52,9 @@ def _fail(what: str) -> None:
 
 def _check_obs(env: Env, obs: Any, where: str) -> None:
     if not env.observation_space.contains(obs):
-        _fail(f"{where}: observation {str(obs)[:80]!r} is not inside observation_space {env.observation_space}")
+        _fail(
+            f"{where}: observation {str(obs)[:80]!r} is not inside observation_space {env.observation_space}"
+        )
 
 
 def _check_step_result(env: Env, r: Any, where: str) -> None:

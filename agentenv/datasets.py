@@ -58,9 +58,12 @@ def _clean(s: Any) -> str:
     return str(s).strip()
 
 
-def _simple(rows: Iterable[dict[str, Any]], source: str, q: str = "problem", a: str = "answer", key: str | None = None):
+def _simple(
+    rows: Iterable[dict[str, Any]], source: str, q: str = "problem", a: str = "answer", key: str | None = None
+):
     return [
-        MathProblem(f"{source}/{r[key] if key else i}", _clean(r[q]), _clean(r[a]), source) for i, r in enumerate(rows)
+        MathProblem(f"{source}/{r[key] if key else i}", _clean(r[q]), _clean(r[a]), source)
+        for i, r in enumerate(rows)
     ]
 
 
@@ -90,7 +93,11 @@ def _load_simplelr(path: Path) -> list[MathProblem]:
         prompt = ast.literal_eval(prompt) if isinstance(prompt, str) else prompt
         users = [m["content"] for m in prompt if m.get("role") == "user"]
         question = (r.get("extra_info") or {}).get("question") or (users[-1] if users else "")
-        out.append(MathProblem(f"simplelr_math_35/{i}", _clean(question), _clean(rm["ground_truth"]), "simplelr_math_35"))
+        out.append(
+            MathProblem(
+                f"simplelr_math_35/{i}", _clean(question), _clean(rm["ground_truth"]), "simplelr_math_35"
+            )
+        )
     return out
 
 
@@ -107,7 +114,10 @@ def _load_aime25(path: Path) -> list[MathProblem]:
 
 
 def _load_amc23(path: Path) -> list[MathProblem]:
-    return [MathProblem(f"amc23/{r['id']}", _clean(r["problem"]), _amount(r["answer"]), "amc23") for r in _read_jsonl(path)]
+    return [
+        MathProblem(f"amc23/{r['id']}", _clean(r["problem"]), _amount(r["answer"]), "amc23")
+        for r in _read_jsonl(path)
+    ]
 
 
 def _listed(source: str, rows: list[dict[str, Any]], q: str, a: str, key: str | None) -> list[MathProblem]:
@@ -117,7 +127,11 @@ def _listed(source: str, rows: list[dict[str, Any]], q: str, a: str, key: str | 
         answers = list(dict.fromkeys(x for x in answers if x))
         if not answers:
             raise DataError(f"{source} row {i} has no answer")
-        out.append(MathProblem(f"{source}/{r[key] if key else i}", _clean(r[q]), answers[0], source, tuple(answers[1:])))
+        out.append(
+            MathProblem(
+                f"{source}/{r[key] if key else i}", _clean(r[q]), answers[0], source, tuple(answers[1:])
+            )
+        )
     return out
 
 

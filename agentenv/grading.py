@@ -1,4 +1,4 @@
-"""Grading a final ``\\boxed{}`` answer with math-verify, in worker processes killed on a deadline.
+r"""Grading a final ``\\boxed{}`` answer with math-verify, in worker processes killed on a deadline.
 
 math-verify has two traps (DESIGN.md, "Known pitfalls"): its timeouts use ``signal.alarm``, which
 raises outside the main thread, and with them off a pathological answer can hang the caller; and it
@@ -6,7 +6,8 @@ reads several ``\\boxed{}`` in one text as a set. So:
 
 * the *last* ``\\boxed{...}`` (or ``\\fbox{...}``) is chosen here, with a brace-matching scan, and only
   that answer is graded;
-* grading runs in a worker subprocess (``python -m agentenv.grading --worker``) (math-verify's own timeouts off); the caller waits at
+* grading runs in a worker subprocess (``python -m agentenv.grading --worker``, math-verify's own
+  timeouts off); the caller waits at
   most ``timeout_s`` seconds, then kills the worker and a fresh one replaces it. This is safe from
   any thread and, through :func:`grade_answer_async`, from async code.
 
@@ -17,15 +18,15 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import logging
 import contextlib
 import importlib
 import json
+import logging
 import os
+import queue
 import select
 import subprocess
 import sys
-import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -42,7 +43,7 @@ _BOX_COMMANDS = ("\\boxed", "\\fbox")
 
 @dataclass(frozen=True)
 class GradeResult:
-    """The verdict on one response.
+    r"""The verdict on one response.
 
     Attributes:
         correct: True only when the final boxed answer matches a ground truth.
@@ -58,7 +59,7 @@ class GradeResult:
 
 
 def _boxed_at(text: str, start: int) -> str | None:
-    """Content of the box command ending at ``start`` (``{...}`` or ``\\boxed 5``), else None."""
+    r"""Content of the box command ending at ``start`` (``{...}`` or ``\\boxed 5``), else None."""
     i = start
     if i < len(text) and text[i] == "{":
         depth = 0
@@ -79,7 +80,7 @@ def _boxed_at(text: str, start: int) -> str | None:
 
 
 def extract_last_boxed(text: str) -> str | None:
-    """Return the content of the last complete ``\\boxed{...}`` / ``\\fbox{...}`` in ``text``.
+    r"""Return the content of the last complete ``\\boxed{...}`` / ``\\fbox{...}`` in ``text``.
 
     Nested braces are matched (``\\boxed{\\frac{1}{2}}`` gives ``\\frac{1}{2}``); ``\\boxed 5`` gives
     ``5``. Returns None when there is no complete box, or the last one is empty.
@@ -242,7 +243,9 @@ class Grader:
         ConfigError: ``workers < 1``.
     """
 
-    def __init__(self, *, workers: int = 1, verify_fn: VerifyFn | str = math_verify_fn, start_timeout_s: float = 120.0):
+    def __init__(
+        self, *, workers: int = 1, verify_fn: VerifyFn | str = math_verify_fn, start_timeout_s: float = 120.0
+    ):
         if workers < 1:
             raise ConfigError(f"workers must be >= 1, got {workers}")
         self._fn_path = _fn_path(verify_fn)  # a fresh interpreter: no fork of a threaded process
@@ -282,7 +285,7 @@ class Grader:
     def grade(
         self, response_text: str, ground_truth: str | int | float | Sequence[str], *, timeout_s: float = 5.0
     ) -> GradeResult:
-        """Grade the last ``\\boxed{}`` of ``response_text`` against ``ground_truth``.
+        r"""Grade the last ``\\boxed{}`` of ``response_text`` against ``ground_truth``.
 
         Args:
             response_text: The model's final reply.
@@ -309,11 +312,15 @@ class Grader:
             if reply is None:
                 self.timeouts += 1
                 self._drop(worker)
-                return GradeResult(False, extracted, f"timeout after {timeout_s:g} s", time.perf_counter() - t0)
+                return GradeResult(
+                    False, extracted, f"timeout after {timeout_s:g} s", time.perf_counter() - t0
+                )
             correct, reason = reply
         except (EOFError, OSError, BrokenPipeError) as exc:
             self._drop(worker)
-            return GradeResult(False, extracted, f"grader crashed: {type(exc).__name__}", time.perf_counter() - t0)
+            return GradeResult(
+                False, extracted, f"grader crashed: {type(exc).__name__}", time.perf_counter() - t0
+            )
         if self._closed:
             self._drop(worker)
         else:
@@ -360,7 +367,7 @@ def default_grader() -> Grader:
 def grade_answer(
     response_text: str, ground_truth: str | int | float | Sequence[str], *, timeout_s: float = 5.0
 ) -> GradeResult:
-    """Grade ``response_text``'s last ``\\boxed{}`` with the default grader (see :meth:`Grader.grade`)."""
+    r"""Grade ``response_text``'s last ``\\boxed{}`` with the default grader (see :meth:`Grader.grade`)."""
     return default_grader().grade(response_text, ground_truth, timeout_s=timeout_s)
 
 

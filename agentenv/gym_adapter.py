@@ -79,7 +79,9 @@ class SyncEnv(gymnasium.Env):
         self.last_timing = {k: out.pop(k) for k in self._timing_keys if k in out}
         return out
 
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Any, dict[str, Any]]:
         """``gymnasium.Env.reset``: runs ``await env.reset(seed=seed, options=options)``.
 
         Raises:

@@ -16,7 +16,9 @@ def list_envs_main(argv: Sequence[str] | None = None) -> int:
         argv: Command-line arguments after ``envs`` (``--json`` prints a JSON list instead).
     """
     parser = argparse.ArgumentParser(prog="agentenv envs", description="List the registered environments.")
-    parser.add_argument("--json", action="store_true", help="print a JSON list of {id, entry_point, description}")
+    parser.add_argument(
+        "--json", action="store_true", help="print a JSON list of {id, entry_point, description}"
+    )
     args = parser.parse_args(list(argv) if argv is not None else None)
     load_plugins()
     specs = [registry[k] for k in sorted(registry)]
@@ -24,8 +26,11 @@ def list_envs_main(argv: Sequence[str] | None = None) -> int:
         import json
 
         rows = [
-            {"id": s.id, "entry_point": s.entry_point if isinstance(s.entry_point, str) else repr(s.entry_point),
-             "description": s.description}
+            {
+                "id": s.id,
+                "entry_point": s.entry_point if isinstance(s.entry_point, str) else repr(s.entry_point),
+                "description": s.description,
+            }
             for s in specs
         ]
         print(json.dumps(rows, indent=2))

@@ -33,4 +33,7 @@ class UnicodeText(spaces.Text):
         return f"UnicodeText({self.min_length}, {self.max_length})"
 
     def __eq__(self, other: Any) -> bool:
-        return isinstance(other, UnicodeText) and (self.min_length, self.max_length) == (other.min_length, other.max_length)
+        return isinstance(other, UnicodeText) and (self.min_length, self.max_length) == (
+            other.min_length,
+            other.max_length,
+        )

@@ -122,7 +122,9 @@ def _decode_call(raw: str) -> ToolCall | ToolCallError:
     try:
         obj = json.loads(raw, strict=False)
     except json.JSONDecodeError as exc:
-        return ToolCallError(f"tool call is not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})", raw)
+        return ToolCallError(
+            f"tool call is not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})", raw
+        )
     if not isinstance(obj, dict):
         return ToolCallError("tool call must be a JSON object with 'name' and 'arguments'", raw)
     name = obj.get("name")
@@ -186,7 +188,11 @@ class HermesToolCallParser:
         # Not a clean object followed by the closing tag: report the block as malformed.
         if close_at < 0:
             raw = text[body_start:].strip()
-            errors.append(ToolCallError("tool call is not closed with </tool_call> and is not a complete JSON object", raw))
+            errors.append(
+                ToolCallError(
+                    "tool call is not closed with </tool_call> and is not a complete JSON object", raw
+                )
+            )
             return len(text)
         raw = text[body_start:close_at].strip()
         decoded = _decode_call(raw)

@@ -15,53 +15,28 @@ import pytest
 from agentenv.chat import ChatRenderer
 from agentenv.errors import TemplateError
 
+TEMPLATES = Path(__file__).resolve().parent / "chat_templates"
 # A Hermes-style ChatML template that advertises tools in the system message.
-CHATML_TOOLS = (
-    "{%- if tools or messages[0]['role'] == 'system' %}{{- '<|im_start|>system\\n' }}"
-    "{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] }}{%- endif %}"
-    "{%- if tools %}{{- '\\n\\n# Tools\\n<tools>' }}{%- for t in tools %}{{- '\\n' + (t | tojson) }}{%- endfor %}"
-    "{{- '\\n</tools>\\nCall a tool as <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>' }}{%- endif %}"
-    "{{- '<|im_end|>\\n' }}{%- endif %}"
-    "{%- for m in messages %}{%- if m['role'] == 'tool' %}"
-    "{{- '<|im_start|>tool\\n<tool_response>\\n' + m['content'] + '\\n</tool_response><|im_end|>\\n' }}"
-    "{%- elif not (loop.first and m['role'] == 'system') %}"
-    "{{- '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{%- endif %}{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
-)
-
+CHATML_TOOLS = (TEMPLATES / "chatml_tools_test.jinja").read_text()
 # Qwen2.5-Instruct's template (tool part), as published with the model.
-QWEN25 = """{%- if tools %}
-    {{- '<|im_start|>system\\n' }}
-    {%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] }}
-    {%- else %}{{- 'You are Qwen, created by Alibaba Cloud. You are a helpful assistant.' }}{%- endif %}
-    {{- "\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\nYou are provided with function signatures within <tools></tools> XML tags:\\n<tools>" }}
-    {%- for tool in tools %}{{- "\\n" }}{{- tool | tojson }}{%- endfor %}
-    {{- "\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\"name\\": <function-name>, \\"arguments\\": <args-json-object>}\\n</tool_call><|im_end|>\\n" }}
-{%- else %}
-    {%- if messages[0]['role'] == 'system' %}{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}
-    {%- else %}{{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\\n' }}{%- endif %}
-{%- endif %}
-{%- for message in messages %}
-    {%- if (message.role == "user") or (message.role == "system" and not loop.first) or (message.role == "assistant" and not message.tool_calls) %}
-        {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}
-    {%- elif message.role == "tool" %}
-        {%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != "tool") %}{{- '<|im_start|>user' }}{%- endif %}
-        {{- '\\n<tool_response>\\n' }}{{- message.content }}{{- '\\n</tool_response>' }}
-        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}{{- '<|im_end|>\\n' }}{%- endif %}
-    {%- endif %}
-{%- endfor %}
-{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}
-"""
-
+QWEN25 = (TEMPLATES / "qwen25.jinja").read_text()
 # Not append-only: only the LAST assistant message keeps its content (like Qwen3 dropping <think>).
-REWRITING = (
-    "{%- for m in messages %}{{- '<|im_start|>' + m['role'] + '\\n' }}"
-    "{%- if m['role'] != 'assistant' or loop.last %}{{- m['content'] }}{%- endif %}{{- '<|im_end|>\\n' }}{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
-)
+REWRITING = (TEMPLATES / "rewriting.jinja").read_text()
 
-TOOLS = ({"type": "function", "function": {"name": "python", "description": "Run Python.",
-          "parameters": {"type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"]}}},)
+TOOLS = (
+    {
+        "type": "function",
+        "function": {
+            "name": "python",
+            "description": "Run Python.",
+            "parameters": {
+                "type": "object",
+                "properties": {"code": {"type": "string"}},
+                "required": ["code"],
+            },
+        },
+    },
+)
 
 
 def _templates() -> dict[str, str | None]:
@@ -87,8 +62,9 @@ def _full_ids(tok, template, system, user, turns, tools=()):
     msgs = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
     for reply, role, obs in turns:
         msgs += [{"role": "assistant", "content": reply}, {"role": role, "content": obs}]
-    text = tok.apply_chat_template(msgs, tools=list(tools) or None, chat_template=template,
-                                   add_generation_prompt=True, tokenize=False)
+    text = tok.apply_chat_template(
+        msgs, tools=list(tools) or None, chat_template=template, add_generation_prompt=True, tokenize=False
+    )
     return tok(text, add_special_tokens=False)["input_ids"]
 
 
@@ -103,13 +79,19 @@ def test_concatenation_equals_whole_conversation(tokenizer, name: str) -> None:
     system = "Use the python tool." if name != "bundled" else None
     role = "tool" if name != "bundled" else "user"
     turns = [
-        ('<tool_call>\n{"name": "python", "arguments": {"code": "print(6*7)"}}\n</tool_call>', role, "status: ok\n42\n"),
+        (
+            '<tool_call>\n{"name": "python", "arguments": {"code": "print(6*7)"}}\n</tool_call>',
+            role,
+            "status: ok\n42\n",
+        ),
         ("So x = 42.\nAgain:", role, "Traceback (most recent call last):\n  ZeroDivisionError: 1/0 {}<>"),
     ]
     ids = r.initial_prompt("What is 6*7?", system=system, tools=tools)
     assert r.decode(ids).endswith("<|im_start|>assistant\n")
     for reply, role_, obs in turns:
-        sampled = tokenizer(reply, add_special_tokens=False)["input_ids"] + [r.end_of_turn_id]  # stands in for sampling
+        sampled = tokenizer(reply, add_special_tokens=False)["input_ids"] + [
+            r.end_of_turn_id
+        ]  # stands in for sampling
         delta = r.observation_tokens(role_, obs)
         # The delta starts right after the end-of-turn token and carries no base-conversation artefact.
         text = r.decode(delta)

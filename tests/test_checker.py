@@ -13,8 +13,14 @@ from agentenv.core import StepResult
 from agentenv.errors import EnvCheckError, RegistrationError
 from tests.tiny_env import RepeatNumberEnv
 
-ALL_CHECKS = ("spaces_and_declarations", "step_before_reset_raises", "reset_determinism",
-              "step_types_and_determinism", "step_after_end_raises", "close_twice")
+ALL_CHECKS = (
+    "spaces_and_declarations",
+    "step_before_reset_raises",
+    "reset_determinism",
+    "step_types_and_determinism",
+    "step_after_end_raises",
+    "close_twice",
+)
 
 
 async def test_tiny_env_passes_every_check() -> None:

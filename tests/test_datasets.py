@@ -12,8 +12,16 @@ from agentenv.errors import DataError
 
 # Rows in the files, less the 2 upstream rows with an empty answer in math_train / simplelr_math_35.
 EXPECTED_ROWS = {
-    "math_train": 7472, "aime_1983_2023": 975, "simplelr_math_35": 8521, "math500": 500, "aime24": 30,
-    "aime25": 30, "amc23": 40, "minerva_math": 272, "olympiadbench": 675, "gsm8k": 1319,
+    "math_train": 7472,
+    "aime_1983_2023": 975,
+    "simplelr_math_35": 8521,
+    "math500": 500,
+    "aime24": 30,
+    "aime25": 30,
+    "amc23": 40,
+    "minerva_math": 272,
+    "olympiadbench": 675,
+    "gsm8k": 1319,
 }
 
 
@@ -57,6 +65,8 @@ def test_missing_file_is_a_data_error(tmp_path: Path, data_dir: Path) -> None:
 
 def test_malformed_gsm8k_row(tmp_path: Path) -> None:
     (tmp_path / "math" / "eval").mkdir(parents=True)
-    (tmp_path / "math" / "eval" / "gsm8k.jsonl").write_text('{"question": "q", "answer": "no marker", "idx": 0}\n')
+    (tmp_path / "math" / "eval" / "gsm8k.jsonl").write_text(
+        '{"question": "q", "answer": "no marker", "idx": 0}\n'
+    )
     with pytest.raises(DataError, match="####"):
         load_math("gsm8k", data_root=tmp_path)

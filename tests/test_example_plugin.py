@@ -27,9 +27,22 @@ def installed(tmp_path_factory):
     shutil.copytree(EXAMPLE, src)
     target = tmp / "site"
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--no-index", "--disable-pip-version-check",
-         "--target", str(target), str(src)],
-        check=True, timeout=180,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "--disable-pip-version-check",
+            "--target",
+            str(target),
+            str(src),
+        ],
+        check=True,
+        timeout=180,
     )
     assert list(target.glob("agentenv_guess_number-*.dist-info/entry_points.txt"))
     sys.path.insert(0, str(target))

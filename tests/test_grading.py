@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from agentenv.grading import GradeResult, Grader, extract_last_boxed, grade_answer, grade_answer_async
+from agentenv.grading import Grader, GradeResult, extract_last_boxed, grade_answer, grade_answer_async
 
 
 def slow_verify(extracted: str, golds: list[str]) -> tuple[bool, str]:
@@ -84,7 +84,9 @@ def test_grading_from_threads_and_async() -> None:
     assert results == [True, True, True]
 
     async def main() -> list[GradeResult]:
-        return await asyncio.gather(grade_answer_async("\\boxed{10}", "10"), grade_answer_async("\\boxed{9}", "10"))
+        return await asyncio.gather(
+            grade_answer_async("\\boxed{10}", "10"), grade_answer_async("\\boxed{9}", "10")
+        )
 
     a, b = asyncio.run(main())
     assert a.correct and not b.correct

@@ -77,6 +77,8 @@ def test_gymnasium_env_checker_on_python_tool(data_dir) -> None:
 
 
 def test_module_colon_id_form() -> None:
-    env = gymnasium.make("agentenv.gym_adapter:agentenv/python_tool", dataset="amc23", sandbox_backend="process")
+    env = gymnasium.make(
+        "agentenv.gym_adapter:agentenv/python_tool", dataset="amc23", sandbox_backend="process"
+    )
     assert isinstance(env.unwrapped, SyncEnv)
     env.close()

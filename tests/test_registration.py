@@ -80,7 +80,9 @@ def test_broken_plugin_is_logged_and_others_load(monkeypatch, caplog, clean_ids)
         raise ImportError("missing dependency")
 
     eps = [EP("broken", broken), EP("good", good)]
-    monkeypatch.setattr(importlib.metadata, "entry_points", lambda group: eps if group == "agentenv.envs" else [])
+    monkeypatch.setattr(
+        importlib.metadata, "entry_points", lambda group: eps if group == "agentenv.envs" else []
+    )
     with caplog.at_level(logging.WARNING, logger="agentenv.registration"):
         loaded = registration.load_plugins(force=True)
     assert loaded == ["good"]

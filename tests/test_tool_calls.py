@@ -12,7 +12,9 @@ def test_is_a_tool_call_parser() -> None:
 
 
 def test_well_formed_call_and_prose() -> None:
-    r = P.parse('Let me compute.\n<tool_call>\n{"name": "python", "arguments": {"code": "print(1+1)"}}\n</tool_call>')
+    r = P.parse(
+        'Let me compute.\n<tool_call>\n{"name": "python", "arguments": {"code": "print(1+1)"}}\n</tool_call>'
+    )
     assert r.calls == (ToolCall("python", {"code": "print(1+1)"}),)
     assert r.errors == ()
     assert r.content == "Let me compute."
@@ -43,7 +45,10 @@ def test_arguments_as_json_string() -> None:
 
 def test_close_tag_inside_code_string_does_not_end_the_call() -> None:
     code = 's = "</tool_call>"\nprint(len(s))'
-    text = '<tool_call>{"name": "python", "arguments": {"code": "s = \\"</tool_call>\\"\\nprint(len(s))"}}</tool_call>'
+    text = (
+        '<tool_call>{"name": "python", "arguments": '
+        '{"code": "s = \\"</tool_call>\\"\\nprint(len(s))"}}</tool_call>'
+    )
     r = P.parse(text)
     assert r.errors == ()
     assert r.calls[0].arguments["code"] == code
@@ -85,9 +90,14 @@ def test_missing_brace_before_close_tag_is_an_error() -> None:
 
 
 def test_missing_name_and_bad_arguments() -> None:
-    r = P.parse('<tool_call>{"arguments": {}}</tool_call><tool_call>{"name": "p", "arguments": [1]}</tool_call>')
+    r = P.parse(
+        '<tool_call>{"arguments": {}}</tool_call><tool_call>{"name": "p", "arguments": [1]}</tool_call>'
+    )
     assert r.calls == ()
-    assert [e.message for e in r.errors] == ["tool call has no 'name' string", "'arguments' must be a JSON object"]
+    assert [e.message for e in r.errors] == [
+        "tool call has no 'name' string",
+        "'arguments' must be a JSON object",
+    ]
 
 
 def test_trailing_text_inside_tags_is_an_error() -> None:
@@ -103,5 +113,7 @@ def test_json_in_prose_without_tags_is_not_a_call() -> None:
 
 
 def test_missing_arguments_means_empty_and_parameters_alias() -> None:
-    r = P.parse('<tool_call>{"name": "now"}</tool_call><tool_call>{"name": "p", "parameters": {"a": 1}}</tool_call>')
+    r = P.parse(
+        '<tool_call>{"name": "now"}</tool_call><tool_call>{"name": "p", "parameters": {"a": 1}}</tool_call>'
+    )
     assert r.calls == (ToolCall("now", {}), ToolCall("p", {"a": 1}))

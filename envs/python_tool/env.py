@@ -6,12 +6,13 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
+from agentenv.envs.python_tool.tool import PYTHON_TOOL_SCHEMA, SYSTEM_PROMPT, check_arguments, format_result
+from agentenv.sandboxes import SandboxLimits, create_sandbox_pool
+
 from agentenv.core import Env, StepResult
 from agentenv.datasets import MathProblem, load_math
-from agentenv.envs.python_tool.tool import PYTHON_TOOL_SCHEMA, SYSTEM_PROMPT, check_arguments, format_result
 from agentenv.errors import ClosedError, ConfigError, DataError, ResetNeeded
 from agentenv.grading import Grader, default_grader
-from agentenv.sandboxes import SandboxLimits, create_sandbox_pool
 from agentenv.text_spaces import UnicodeText
 from agentenv.tool_calls import HermesToolCallParser, ToolCallParser
 
@@ -19,7 +20,7 @@ INSTRUCTION = "\n\nPut your final answer within \\boxed{}."
 
 
 class PythonToolEnv(Env[str, str]):
-    """Solve a math problem with a Python tool; reward 1.0 when the final ``\\boxed{}`` is right.
+    r"""Solve a math problem with a Python tool; reward 1.0 when the final ``\\boxed{}`` is right.
 
     Episode: ``reset`` shows a problem (user message). Each ``step`` takes the model's reply. Tool
     calls in it run, in order, in the episode's persistent sandbox and the results come back as
@@ -179,7 +180,9 @@ class PythonToolEnv(Env[str, str]):
         if self._sandbox is None:
             if self._pool is None:
                 limits = SandboxLimits(timeout_s=self.sandbox_timeout_s)
-                self._pool = create_sandbox_pool(backend=self.sandbox_backend, size=self._pool_size, limits=limits)
+                self._pool = create_sandbox_pool(
+                    backend=self.sandbox_backend, size=self._pool_size, limits=limits
+                )
             self._sandbox = await self._pool.acquire()
         result = await self._sandbox.run(code, timeout_s=self.sandbox_timeout_s)
         self._stats["sandbox_s"] += time.perf_counter() - t0
@@ -214,4 +217,5 @@ class PythonToolEnv(Env[str, str]):
             await self._pool.release(sb)
 
     def __repr__(self) -> str:
-        return f"<PythonToolEnv problems={len(self.problems)} max_turns={self.max_turns} backend={self.sandbox_backend}>"
+        n, turns, backend = len(self.problems), self.max_turns, self.sandbox_backend
+        return f"<PythonToolEnv problems={n} max_turns={turns} backend={backend}>"

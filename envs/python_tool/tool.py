@@ -73,7 +73,9 @@ def format_result(result: ExecResult, max_chars: int) -> str:
     """
     lines = [f"status: {result.status.value}"]
     if result.status in _RESTARTED:
-        lines[0] += f" ({_RESTARTED[result.status]}; the sandbox was restarted and earlier variables are lost)"
+        lines[0] += (
+            f" ({_RESTARTED[result.status]}; the sandbox was restarted and earlier variables are lost)"
+        )
     if result.stdout:
         lines.append("stdout:\n" + _cap(result.stdout, max_chars).rstrip("\n"))
     if result.stderr:

@@ -48,7 +48,9 @@ class GuessNumberEnv(Env[str, str]):
         """Draw a secret from this env's generator (``options={"secret": n}`` fixes it)."""
         await super().reset(seed=seed)
         secret = (options or {}).get("secret")
-        self._secret = int(secret) if secret is not None else int(self.np_random.integers(self.low, self.high + 1))
+        self._secret = (
+            int(secret) if secret is not None else int(self.np_random.integers(self.low, self.high + 1))
+        )
         self._turns = 0
         return f"I am thinking of an integer from {self.low} to {self.high}. Guess it.", {}
 

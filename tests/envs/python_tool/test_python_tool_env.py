@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import pytest
+from agentenv.envs.python_tool import PYTHON_TOOL_SCHEMA, PythonToolEnv
+from agentenv.sandboxes import ExecResult, ExecStatus
 
 import agentenv
 from agentenv.datasets import MathProblem
-from agentenv.envs.python_tool import PYTHON_TOOL_SCHEMA, PythonToolEnv
 from agentenv.errors import ConfigError, DataError, ResetNeeded
 from agentenv.grading import Grader
-from agentenv.sandboxes import ExecResult, ExecStatus
 
 PROBLEMS = [MathProblem(f"t/{i}", f"What is {i} + {i}?", str(2 * i), "t") for i in range(5)]
 
@@ -95,9 +94,14 @@ async def test_tool_turns_then_correct_answer(grader) -> None:
     assert (r.reward, r.terminated, r.truncated) == (0.0, False, False)
     assert r.observation == "status: ok\nstdout:\nran 1"
     r = await env.step(call("raise ValueError('boom')"))
-    assert "status: error" in r.observation and "ValueError: boom" in r.observation and "before" in r.observation
+    assert (
+        "status: error" in r.observation and "ValueError: boom" in r.observation and "before" in r.observation
+    )
     assert r.info["tool_errors"] == 1 and r.info["tool_calls"] == 2
-    assert len(pool.handed) == 1 and pool.handed[0].codes == ["x = 3 + 3\nprint(x)", "raise ValueError('boom')"]
+    assert len(pool.handed) == 1 and pool.handed[0].codes == [
+        "x = 3 + 3\nprint(x)",
+        "raise ValueError('boom')",
+    ]
     r = await env.step("So the answer is \\boxed{6}.")
     assert (r.reward, r.terminated, r.truncated) == (1.0, True, False)
     assert r.info["extracted_answer"] == "6" and r.info["ground_truth"] == "6" and r.info["correct"]

@@ -5,12 +5,15 @@ from __future__ import annotations
 import json
 
 import pytest
+from agentenv.envs.python_tool import PythonToolEnv
 
 from agentenv.datasets import MathProblem
-from agentenv.envs.python_tool import PythonToolEnv
 from agentenv.grading import Grader
 
-PROBLEMS = [MathProblem("t/0", "Compute 2^10.", "1024", "t"), MathProblem("t/1", "Half of 1?", "\\frac{1}{2}", "t")]
+PROBLEMS = [
+    MathProblem("t/0", "Compute 2^10.", "1024", "t"),
+    MathProblem("t/1", "Half of 1?", "\\frac{1}{2}", "t"),
+]
 
 
 def call(code: str) -> str:
@@ -25,8 +28,14 @@ def grader():
 
 @pytest.fixture
 async def env(grader):
-    e = PythonToolEnv(problems=PROBLEMS, sandbox_backend="process", sandbox_timeout_s=2.0, grader=grader,
-                      max_turns=6, max_output_chars=2000)
+    e = PythonToolEnv(
+        problems=PROBLEMS,
+        sandbox_backend="process",
+        sandbox_timeout_s=2.0,
+        grader=grader,
+        max_turns=6,
+        max_output_chars=2000,
+    )
     yield e
     await e.close()
 
