@@ -183,7 +183,8 @@ class TrajectoryPool:
         """Add a completed trajectory; call in completion order (it sets the pool's order).
 
         Raises:
-            DataError: ``traj`` is not a :class:`Trajectory`, has no policy token, or is already pooled.
+            DataError: ``traj`` is not a :class:`Trajectory`, has no policy token, is already pooled,
+                has a segment past its token lists, or a segment version above its completion version.
         """
         if not isinstance(traj, Trajectory):
             raise DataError(f"pool.add expects a Trajectory, got {type(traj).__name__}")
@@ -191,6 +192,11 @@ class TrajectoryPool:
             raise DataError(f"trajectory {traj.id} has no policy token; nothing to learn from")
         if traj.id in self._ids:
             raise DataError(f"trajectory {traj.id} is already in the pool")
+        if max(s.end for s in traj.segments) > min(len(traj.token_ids), len(traj.behaviour_logprobs)):
+            raise DataError(f"trajectory {traj.id}: a segment ends past its token lists")
+        if max(s.version for s in traj.segments) > traj.completion_version:
+            raise DataError(f"trajectory {traj.id}: a segment's version is above completion_version "
+                            f"{traj.completion_version}")
         n = len(self._trajs)
         if n == self._cols["seq"].shape[0]:
             self._cols = {k: np.concatenate([c, np.zeros_like(c)]) for k, c in self._cols.items()}
@@ -225,9 +231,10 @@ class TrajectoryPool:
             batch_size: B, trajectories per optimizer step (>= 1).
             current_version: ``v_now``, the learner's policy version now.
             drift_scorer: ``pace`` with ``drift_mode="scoring"``: returns the current learner's
-                ``(T_i,)`` policy-token log-probabilities for a list of trajectories. It is called at
-                most once per call, on the candidates not yet scored at ``current_version`` (all of
-                them when the budget is positive, only the batch otherwise).
+                ``(T_i,)`` policy-token log-probabilities for a list of trajectories. Called at most
+                twice per call and never twice for one trajectory at one version: when the budget is
+                positive, on the candidates with older segments (the others have ``f = 0``); then on
+                the batch members still unscored, so ``scores`` covers the whole batch.
 
         The scorer's log-probabilities are checked (finite, <= 0) on the older-segment tokens used
         for ``f`` and on every batch member's array returned in ``scores``.
@@ -281,7 +288,7 @@ class TrajectoryPool:
                 s_eff = effective_staleness(ws, gs, w)
                 reject = highest_first(s_eff, k)
             elif k > 0:
-                f = self._drift(np.arange(n), drift_scorer)
+                f = self._drift(np.arange(n), drift_scorer, score_all=False)
                 w = pace_weights(f, cfg.gamma)
                 s_eff = effective_staleness(ws, gs, w)
                 reject = highest_first(s_eff, k)
@@ -292,9 +299,11 @@ class TrajectoryPool:
         chosen = remaining[:b] if remaining.shape[0] >= b else np.zeros(0, dtype=np.int64)
         dec.waited = chosen.shape[0] == 0
         if scoring and chosen.shape[0]:
-            if np.isnan(f[chosen]).any():  # budget 0: score only the batch, for the learner's gate
-                f = nan.copy()
-                f[chosen] = self._drift(chosen, drift_scorer)
+            if any(self._trajs[i].id not in self._score_cache for i in chosen.tolist()):
+                f_batch = self._drift(chosen, drift_scorer, score_all=True)  # the learner's gate needs q
+                if np.isnan(f[chosen]).any():  # budget 0: f was not computed for the pool
+                    f = nan.copy()
+                    f[chosen] = f_batch
             scores = [self._score_cache[self._trajs[i].id] for i in chosen.tolist()]
             _check_logprobs(np.concatenate(scores))
 
@@ -315,14 +324,19 @@ class TrajectoryPool:
         requeue = [t.task_id for t in rejected] if cfg.requeue_rejected else []
         return BatchSelection(batch, rejected, dec, scores, requeue)
 
-    def _drift(self, rows: np.ndarray, scorer: DriftScorer) -> np.ndarray:
+    def _drift(self, rows: np.ndarray, scorer: DriftScorer, score_all: bool) -> np.ndarray:
         """Prefix drift ``f`` ``(len(rows),)`` for pool rows, scoring those not cached at this version.
 
-        The scorer's arrays are validated and reduced in one vectorised block over their concatenation;
-        ``f`` and the arrays are cached per trajectory id until the version changes.
+        A single-version row has ``f = 0`` without a score; it is scored only when ``score_all`` (the
+        batch, whose scores go back to the learner). The scorer's arrays are reduced in one vectorised
+        block over their concatenation; ``f`` and the arrays are cached per trajectory id until the
+        version changes.
         """
         trajs = [self._trajs[i] for i in rows.tolist()]
-        todo = [j for j, t in enumerate(trajs) if t.id not in self._drift_cache]
+        todo = [
+            j for j, t in enumerate(trajs)
+            if t.id not in self._drift_cache and (score_all or self._older[rows[j]].n > 0)
+        ]
         if todo:
             out = scorer([trajs[j] for j in todo])
             if len(out) != len(todo):
@@ -353,7 +367,8 @@ class TrajectoryPool:
                 tid = trajs[j].id
                 self._score_cache[tid] = a
                 self._drift_cache[tid] = fv
-        return np.fromiter((self._drift_cache[t.id] for t in trajs), dtype=np.float64, count=len(trajs))
+        cache = self._drift_cache
+        return np.fromiter((cache.get(t.id, 0.0) for t in trajs), dtype=np.float64, count=len(trajs))
 
     # -- checkpoints ------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -102,7 +102,7 @@ def test_pace_scoring_hand_computed(as_tensor):
     assert rej["B"]["s_eff"] == pytest.approx(2.474609375)
     assert selected["C"]["f"] == pytest.approx(0.5) and selected["C"]["s_eff"] == pytest.approx(1.75)
     assert selected["D"]["f"] == pytest.approx(0.1) and selected["D"]["s_eff"] == pytest.approx(1.25)
-    assert scorer.calls == [["A", "B", "C", "D"]]
+    assert scorer.calls == [["B", "C", "D"]]  # A has one version: f = 0 with no scoring
     # the scoring pass is returned for the batch, aligned with it (the learner's gate q)
     assert sel.scores is not None and [s.shape[0] for s in sel.scores] == [8, 10]
     assert sel.scores[0][0] == pytest.approx(-0.5)
@@ -136,7 +136,7 @@ def test_scores_cached_per_version():
     pool = pool_of(cfg, four())
     sel = pool.select_batch(1, 10, scorer)  # e = 1/4, budget round(1) = 1 (cap 4 - 3): reject A
     assert ids(sel.rejected) == ["A"] and ids(sel.batch) == ["B"]
-    assert scorer.calls == [["A", "B", "C", "D"]]
+    assert scorer.calls == [["B", "C", "D"]]
     pool.select_batch(4, 10, scorer)  # fewer than B: waits, scores nothing
     assert len(scorer.calls) == 1
     sel = pool.select_batch(1, 10, scorer)  # budget 0, batch [C] already scored at version 10
@@ -153,10 +153,13 @@ def test_pace_ties_in_drift_share_rank():
     OLDER_DIFFS["E"] = []
     try:
         pool = pool_of(StalenessConfig(policy="pace", beta=0.0), [*four(), make_traj("E", 9, [(3, 9)])])
-        sel = pool.select_batch(2, 10, Scorer())
+        scorer = Scorer()
+        sel = pool.select_batch(2, 10, scorer)
     finally:
         del OLDER_DIFFS["E"]
     assert ids(sel.rejected) == ["A", "B", "C"] and ids(sel.batch) == ["D", "E"]
+    # single-version A, E are not scored for f; E is scored afterwards for the learner's batch scores
+    assert scorer.calls == [["B", "C", "D"], ["E"]] and sel.scores is not None and len(sel.scores) == 2
     np.testing.assert_allclose(sel.decision.rej["w"], [0.0081, 0.4096, 1.0], rtol=1e-6)
     np.testing.assert_allclose(sel.decision.rej["s_eff"], [4.0, 2.6144, 1.75], rtol=1e-6)
     np.testing.assert_allclose(sel.decision.sel["w"], [0.1296, 0.0081], rtol=1e-6)
@@ -274,6 +277,12 @@ def test_usage_errors():
         pool.add(Trajectory(id="empty"))  # no policy token
     with pytest.raises(DataError):
         pool.add({"not": "a trajectory"})
+    with pytest.raises(DataError):
+        pool.add(make_traj("future", 3, [(2, 4)]))  # sampled under v4, completed at v3
+    bad = make_traj("short", 5, [(4, 5)])
+    bad.behaviour_logprobs = bad.behaviour_logprobs[:4]
+    with pytest.raises(DataError):
+        pool.add(bad)
     assert len(pool) == 4
 
 
