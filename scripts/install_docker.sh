@@ -77,6 +77,10 @@ _agentenv_install_docker() {
         _agentenv_ping || { echo "install_docker: dockerd failed to start (see $log)" >&2; return 1; }
     fi
     echo "install_docker: dockerd answers at $DOCKER_HOST" >&2
+    # containers left by an earlier, killed run (label set by sandboxes/docker_backend.py)
+    "$py" -c 'import docker
+c = docker.from_env()
+for k in c.containers.list(all=True, filters={"label": "agentenv.sandbox"}): k.remove(force=True)' >&2 || true
 
     # 3. The sandbox image (debootstrap tarball cached under $AGENTENV_CACHE).
     if [ "${AGENTENV_SKIP_IMAGE:-0}" != 1 ]; then
