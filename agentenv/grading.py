@@ -63,13 +63,19 @@ def _boxed_at(text: str, start: int) -> str | None:
     i = start
     if i < len(text) and text[i] == "{":
         depth = 0
-        for j in range(i, len(text)):
-            if text[j] == "{" and text[j - 1] != "\\":
+        j = i
+        while j < len(text):
+            c = text[j]
+            if c == "\\":  # a LaTeX escape (\{, \}, \\): skip the escaped character
+                j += 2
+                continue
+            if c == "{":
                 depth += 1
-            elif text[j] == "}" and text[j - 1] != "\\":
+            elif c == "}":
                 depth -= 1
                 if depth == 0:
                     return text[i + 1 : j]
+            j += 1
         return None
     if i < len(text) and text[i] == " ":
         j = i + 1
@@ -125,6 +131,7 @@ def math_verify_fn(extracted: str, golds: list[str]) -> tuple[bool, str]:
     pred = parse("\\boxed{" + extracted + "}", parsing_timeout=None)
     if not pred:
         return False, "unparsable answer"
+    pred_is_math = any(not isinstance(p, str) for p in pred)  # only strings: math-verify could not parse it
     parsed_any_gold = False
     for g in golds:
         gold = parse("\\boxed{" + g + "}", parsing_timeout=None)
@@ -137,7 +144,7 @@ def math_verify_fn(extracted: str, golds: list[str]) -> tuple[bool, str]:
         if any(_normalise(extracted) == _normalise(g) for g in golds):
             return True, "correct (string match; ground truth unparsable)"
         return False, "unparsable ground truth"
-    return False, "wrong"
+    return False, "wrong" if pred_is_math else "unparsable answer"
 
 
 def _normalise(s: str) -> str:

@@ -37,6 +37,7 @@ def crashing_verify(extracted: str, golds: list[str]) -> tuple[bool, str]:
         ("\\boxed{1} \\boxed{unclosed", "1"),
         ("\\boxed{}", None),
         ("\\boxed{\\{1,2\\}}", "\\{1,2\\}"),
+        ("\\boxed{a \\\\ b\\\\}", "a \\\\ b\\\\"),
     ],
 )
 def test_extract_last_boxed(text: str, expected: str | None) -> None:
@@ -65,7 +66,8 @@ def test_no_box_and_unparsable_answer_are_wrong_not_errors() -> None:
     assert r == GradeResult(False, None, "no \\boxed{} answer")
     r = grade_answer("\\boxed{\\frac{}{}}", "3")
     assert not r.correct and r.extracted == "\\frac{}{}"
-    assert r.reason in ("unparsable answer", "wrong")
+    assert r.reason == "unparsable answer"
+    assert grade_answer("\\boxed{)(}", "3").reason == "unparsable answer"
     r = grade_answer("\\boxed{3}", "")
     assert r.reason == "empty ground truth" and not r.correct
 

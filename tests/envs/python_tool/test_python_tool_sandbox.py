@@ -93,3 +93,4 @@ async def test_unparsable_answer_scores_zero(env) -> None:
     await env.reset(options={"index": 0})
     r = await env.step("\\boxed{\\frac{}{}}")
     assert r.terminated and r.reward == 0.0 and r.info["extracted_answer"] == "\\frac{}{}"
+    assert r.info["grade_reason"] == "unparsable answer"
