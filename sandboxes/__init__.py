@@ -1,4 +1,4 @@
-"""Sandboxes: a persistent, isolated Python worker per episode.
+r"""Sandboxes: a persistent, isolated Python worker per episode.
 
 Typical use (what ``python_tool`` does)::
 

@@ -29,7 +29,8 @@ class Channel:
         max_frame: Largest response frame accepted (bytes).
     """
 
-    def __init__(self, reader: asyncio.StreamReader, send: Callable[[bytes], Awaitable[None]], max_frame: int):
+    def __init__(self, reader: asyncio.StreamReader, send: Callable[[bytes], Awaitable[None]],
+                 max_frame: int):
         self.reader, self._send, self.max_frame = reader, send, max_frame
 
     async def send(self, obj: dict) -> None:

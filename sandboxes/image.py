@@ -47,10 +47,12 @@ def build_rootfs(dest: Path, *, log=print) -> Path:
         SandboxError: debootstrap is missing or failed (its last output lines are in the message).
     """
     if shutil.which("debootstrap") is None:
-        raise SandboxError("debootstrap not found; run scripts/install_docker.sh (apt-get install debootstrap)")
+        raise SandboxError("debootstrap not found; run scripts/install_docker.sh "
+                           "(apt-get install debootstrap)")
     with tempfile.TemporaryDirectory(prefix="agentenv-rootfs-") as tmp:
         root = Path(tmp) / "rootfs"
-        cmd = ["debootstrap", "--variant=minbase", "--include=" + ",".join(PACKAGES), SUITE, str(root), MIRROR]
+        cmd = ["debootstrap", "--variant=minbase", "--include=" + ",".join(PACKAGES), SUITE, str(root),
+               MIRROR]
         log("sandbox image: " + " ".join(cmd))
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:

@@ -11,10 +11,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from agentenv.errors import ClosedError, ConfigError, SandboxError
 from agentenv.sandboxes.base import SandboxLimits
 from agentenv.sandboxes.select import make_launcher
 from agentenv.sandboxes.session import Launcher, WorkerSandbox
+
+from agentenv.errors import ClosedError, ConfigError, SandboxError
 
 MAX_START_FAILURES = 5  #: consecutive failed background starts before the pool waits for the next acquire()
 
@@ -136,7 +137,8 @@ class SandboxPool:
         await self.close()
 
 
-def create_sandbox_pool(backend: str = "auto", size: int = 4, limits: SandboxLimits | None = None) -> SandboxPool:
+def create_sandbox_pool(backend: str = "auto", size: int = 4,
+                        limits: SandboxLimits | None = None) -> SandboxPool:
     """Build a pool (not yet started: ``await pool.start()`` to warm it, or let acquire() start).
 
     Args:

@@ -1,14 +1,17 @@
-"""Choosing a backend: ``docker`` when a daemon answers and the image is built, else ``bwrap`` when it
-works here, else ``process``; or an explicit choice.
+"""Choosing a backend: the strongest one that works here, or an explicit choice.
+
+``auto`` picks ``docker`` when a daemon answers a ping and the image is built, else ``bwrap`` when it
+works here, else ``process``.
 """
 
 from __future__ import annotations
 
 import os
 
-from agentenv.errors import ConfigError, SandboxError
 from agentenv.sandboxes.base import SandboxLimits
 from agentenv.sandboxes.session import Launcher
+
+from agentenv.errors import ConfigError, SandboxError
 
 BACKENDS = ("docker", "bwrap", "process")
 
@@ -23,7 +26,8 @@ def _docker_status() -> tuple[bool, str]:
             f" at DOCKER_HOST={os.environ['DOCKER_HOST']}" if os.environ.get("DOCKER_HOST") else "")
     try:
         if not image_exists(client):
-            return False, f"a Docker daemon answers but image {IMAGE} is not built (agentenv sandbox build-image)"
+            return False, (f"a Docker daemon answers but image {IMAGE} is not built "
+                           "(agentenv sandbox build-image)")
     finally:
         client.close()
     return True, ""
@@ -59,9 +63,12 @@ def make_launcher(backend: str, limits: SandboxLimits) -> Launcher:
     """Build the launcher of ``backend`` ("auto" resolved first).
 
     Raises:
-        ConfigError: Unknown backend name.
+        ConfigError: Unknown backend name, or a limit out of range.
         SandboxError: The backend does not work on this machine (the message says why).
     """
+    from agentenv.sandboxes.session import check_limits
+
+    check_limits(limits)
     backend = choose_backend(backend)
     if backend == "docker":
         from agentenv.sandboxes.docker_backend import DockerLauncher

@@ -15,9 +15,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from agentenv.errors import ClosedError, SandboxError
 from agentenv.sandboxes.base import ExecResult, ExecStatus, SandboxLimits
 from agentenv.sandboxes.channel import Channel, ProtocolError
+
+from agentenv.errors import ClosedError, ConfigError, SandboxError
 
 START_TIMEOUT_S = 60.0  #: seconds a worker may take to say it is ready
 
@@ -53,6 +54,17 @@ class Launcher(Protocol):
         ...
 
 
+def check_limits(limits: SandboxLimits) -> None:
+    """Raise ConfigError when a limit is out of range (every one must be positive)."""
+    for name in ("timeout_s", "output_bytes", "memory_bytes", "max_processes", "cpus", "cpu_time_s"):
+        value = getattr(limits, name)
+        if not isinstance(value, (int, float)) or not value > 0:
+            raise ConfigError(f"SandboxLimits.{name} must be a positive number, got {value!r}")
+    if limits.memory_bytes < 64 << 20:
+        raise ConfigError("SandboxLimits.memory_bytes must be >= 64 MiB to start Python, "
+                          f"got {limits.memory_bytes}")
+
+
 async def read_hello(handle: WorkerHandle, what: str) -> WorkerHandle:
     """Wait (bounded) for the worker's hello frame and store it in ``handle``.
 
@@ -81,6 +93,7 @@ class WorkerSandbox:
     """
 
     def __init__(self, launcher: Launcher, limits: SandboxLimits):
+        check_limits(limits)
         self._launcher, self.limits = launcher, limits
         self.backend: str = launcher.backend
         self.isolation: str = ""
@@ -128,10 +141,13 @@ class WorkerSandbox:
             ClosedError: The sandbox was closed.
             SandboxError: No worker could be started at all.
             TypeError: ``code`` is not a string.
+            ConfigError: ``timeout_s`` is not a positive number.
         """
         if not isinstance(code, str):
             raise TypeError(f"code must be str, not {type(code).__name__}")
         timeout = self.limits.timeout_s if timeout_s is None else float(timeout_s)
+        if not timeout > 0:
+            raise ConfigError(f"timeout_s must be > 0 seconds, got {timeout_s!r}")
         async with self._lock:
             if self._closed:
                 raise ClosedError("sandbox is closed")
@@ -148,9 +164,12 @@ class WorkerSandbox:
                     ExecResult(ExecStatus.TIMEOUT, error=f"TimeoutError: the snippet passed {timeout:g} s",
                                duration_s=time.monotonic() - t0, worker_replaced=True))
             except (asyncio.IncompleteReadError, ConnectionError, ProtocolError) as e:
-                status, reason = await self._launcher.diagnose(handle)
-                if isinstance(e, ProtocolError):
+                if self._closed:
+                    status, reason = ExecStatus.CRASHED, "the sandbox was closed during the call"
+                elif isinstance(e, ProtocolError):
                     status, reason = ExecStatus.CRASHED, str(e)
+                else:
+                    status, reason = await self._launcher.diagnose(handle)
                 return await self._replace(
                     ExecResult(status, error=reason, duration_s=time.monotonic() - t0, worker_replaced=True))
             duration = time.monotonic() - t0

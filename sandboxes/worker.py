@@ -97,7 +97,7 @@ class _Capped(io.TextIOBase):
 
     def write(self, s):
         if not isinstance(s, str):
-            raise TypeError("write() argument must be str, not %s" % type(s).__name__)
+            raise TypeError(f"write() argument must be str, not {type(s).__name__}")
         room = self.cap - self.size
         if len(s) > room:
             self.truncated = True
@@ -182,7 +182,7 @@ def _descendants(root):
     for name in os.listdir("/proc"):
         if name.isdigit():
             try:
-                with open("/proc/%s/stat" % name, "rb") as f:
+                with open(f"/proc/{name}/stat", "rb") as f:
                     stat = f.read()
                 parent[int(name)] = int(stat[stat.rindex(b")") + 2 :].split()[1])
             except (OSError, ValueError, IndexError):
@@ -230,7 +230,7 @@ def _run(code, cap, namespace, out_fd, err_fd):
         exec(compile(code, "<cell>", "exec"), namespace)
     except SystemExit as e:
         if e.code not in (None, 0):
-            status, error = "error", "SystemExit: %s" % (e.code,)
+            status, error = "error", f"SystemExit: {e.code}"
     except MemoryError:
         namespace.clear()  # free what the snippet holds: the worker is replaced after this call
         status, error = "oom", "MemoryError: the snippet passed the memory cap"
@@ -257,6 +257,7 @@ def _run(code, cap, namespace, out_fd, err_fd):
 
 
 def main(argv):
+    """Set up, say hello, then answer one frame per snippet until stdin closes."""
     cfg = json.loads(argv[1]) if len(argv) > 1 else {}
     proto_in, proto_out = os.dup(0), os.dup(1)
     devnull = os.open(os.devnull, os.O_RDONLY)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import subprocess
@@ -11,9 +12,9 @@ import time
 from pathlib import Path
 
 import pytest
+from agentenv.sandboxes import ExecStatus
 
 from agentenv.errors import ClosedError
-from agentenv.sandboxes import ExecStatus
 
 CAP = 4096  # LIMITS.output_bytes in conftest
 
@@ -126,7 +127,7 @@ async def test_network_connection_fails(sandbox):
 
 
 async def test_host_secrets_are_not_readable(sandbox):
-    marker = "agentenv-secret-%d" % os.getpid()
+    marker = f"agentenv-secret-{os.getpid()}"
     holder = subprocess.Popen(["sleep", "30"], env={"SECRET": marker})
     try:
         code = (
@@ -228,3 +229,29 @@ async def test_non_string_code_is_a_type_error(sandbox):
 
 def test_python_is_available_for_the_worker():
     assert sys.version_info >= (3, 10)
+
+
+async def test_close_during_a_call_returns_promptly(sandbox):
+    from agentenv.sandboxes import Sandbox
+
+    assert isinstance(sandbox, Sandbox)
+    task = asyncio.create_task(sandbox.run("import time\ntime.sleep(60)", timeout_s=120))
+    await asyncio.sleep(0.3)
+    t0 = time.monotonic()
+    await sandbox.close()  # e.g. the episode deadline passed: scoring must not hang
+    r = await asyncio.wait_for(task, 10)
+    assert r.status is ExecStatus.CRASHED and "closed" in r.error and time.monotonic() - t0 < 10
+
+
+async def test_bad_timeout_and_limits_are_config_errors(sandbox, backend):
+    from agentenv.sandboxes import SandboxLimits, create_sandbox_pool
+
+    from agentenv.errors import ConfigError
+
+    with pytest.raises(ConfigError):
+        await sandbox.run("print(1)", timeout_s=0)
+    with pytest.raises(ConfigError):
+        create_sandbox_pool(backend, size=1, limits=SandboxLimits(timeout_s=-1))
+    with pytest.raises(ConfigError):
+        create_sandbox_pool(backend, size=1, limits=SandboxLimits(memory_bytes=1000))
+    assert (await sandbox.run("print(1)")).stdout == "1\n"

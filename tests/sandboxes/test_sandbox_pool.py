@@ -6,11 +6,18 @@ import asyncio
 import time
 
 import pytest
+from agentenv.sandboxes import (
+    ExecStatus,
+    SandboxLimits,
+    available_backends,
+    backend_report,
+    choose_backend,
+    create_sandbox,
+    create_sandbox_pool,
+)
+from agentenv.sandboxes.hostproc import UID_BASE, pids_of_uid
 
 from agentenv.errors import ClosedError, ConfigError
-from agentenv.sandboxes import (ExecStatus, SandboxLimits, available_backends, backend_report, choose_backend,
-                                create_sandbox, create_sandbox_pool)
-from agentenv.sandboxes.hostproc import UID_BASE, pids_of_uid
 
 from .conftest import LIMITS
 
