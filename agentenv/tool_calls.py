@@ -67,11 +67,13 @@ class ParsedReply:
         calls: Well-formed calls, in the order they appear.
         errors: Attempted calls that failed to parse, in order.
         content: The reply with every tool-call block removed (the model's prose).
+        items: Calls and errors together, in the order they appear in the reply.
     """
 
     calls: tuple[ToolCall, ...] = ()
     errors: tuple[ToolCallError, ...] = ()
     content: str = ""
+    items: tuple[ToolCall | ToolCallError, ...] = ()
 
     @property
     def attempted(self) -> bool:
@@ -151,8 +153,7 @@ class HermesToolCallParser:
 
     def parse(self, text: str) -> ParsedReply:
         """Return the calls, errors and remaining prose of ``text``."""
-        calls: list[ToolCall] = []
-        errors: list[ToolCallError] = []
+        items: list[ToolCall | ToolCallError] = []
         prose: list[str] = []
         pos = 0
         while True:
@@ -162,11 +163,13 @@ class HermesToolCallParser:
                 break
             prose.append(text[pos:open_at])
             body_start = open_at + len(OPEN_TAG)
-            pos = self._parse_one(text, body_start, calls, errors)
-        return ParsedReply(tuple(calls), tuple(errors), "".join(prose).strip())
+            pos = self._parse_one(text, body_start, items)
+        calls = tuple(i for i in items if isinstance(i, ToolCall))
+        errors = tuple(i for i in items if isinstance(i, ToolCallError))
+        return ParsedReply(calls, errors, "".join(prose).strip(), tuple(items))
 
     @staticmethod
-    def _parse_one(text: str, body_start: int, calls: list[ToolCall], errors: list[ToolCallError]) -> int:
+    def _parse_one(text: str, body_start: int, items: list[ToolCall | ToolCallError]) -> int:
         """Parse the block whose body starts at ``body_start``; return where scanning resumes."""
         close_at = text.find(CLOSE_TAG, body_start)
         i = body_start
@@ -179,16 +182,16 @@ class HermesToolCallParser:
                 rest += 1
             if text.startswith(CLOSE_TAG, rest):
                 calls_or_err = _decode_call(text[i:end])
-                (calls if isinstance(calls_or_err, ToolCall) else errors).append(calls_or_err)  # type: ignore[arg-type]
+                items.append(calls_or_err)
                 return rest + len(CLOSE_TAG)
             if rest == len(text):  # lenient: complete object, then only the end of the reply
                 calls_or_err = _decode_call(text[i:end])
-                (calls if isinstance(calls_or_err, ToolCall) else errors).append(calls_or_err)  # type: ignore[arg-type]
+                items.append(calls_or_err)
                 return rest
         # Not a clean object followed by the closing tag: report the block as malformed.
         if close_at < 0:
             raw = text[body_start:].strip()
-            errors.append(
+            items.append(
                 ToolCallError(
                     "tool call is not closed with </tool_call> and is not a complete JSON object", raw
                 )
@@ -197,7 +200,7 @@ class HermesToolCallParser:
         raw = text[body_start:close_at].strip()
         decoded = _decode_call(raw)
         if isinstance(decoded, ToolCall):  # e.g. text after the object inside the tags
-            errors.append(ToolCallError("unexpected text after the JSON object inside <tool_call>", raw))
+            items.append(ToolCallError("unexpected text after the JSON object inside <tool_call>", raw))
         else:
-            errors.append(decoded)
+            items.append(decoded)
         return close_at + len(CLOSE_TAG)

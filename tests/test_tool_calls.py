@@ -117,3 +117,14 @@ def test_missing_arguments_means_empty_and_parameters_alias() -> None:
         '<tool_call>{"name": "now"}</tool_call><tool_call>{"name": "p", "parameters": {"a": 1}}</tool_call>'
     )
     assert r.calls == (ToolCall("now", {}), ToolCall("p", {"a": 1}))
+
+
+def test_items_keep_reply_order() -> None:
+    r = P.parse(
+        '<tool_call>{"name": "a", "arguments": {}}</tool_call>'
+        "<tool_call>not json</tool_call>"
+        '<tool_call>{"name": "b", "arguments": {}}</tool_call>'
+    )
+    kinds = [type(i).__name__ for i in r.items]
+    assert kinds == ["ToolCall", "ToolCallError", "ToolCall"]
+    assert [c.name for c in r.calls] == ["a", "b"] and len(r.errors) == 1

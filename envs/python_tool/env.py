@@ -14,7 +14,7 @@ from agentenv.datasets import MathProblem, load_math
 from agentenv.errors import ClosedError, ConfigError, DataError, ResetNeeded
 from agentenv.grading import Grader, default_grader
 from agentenv.text_spaces import UnicodeText
-from agentenv.tool_calls import HermesToolCallParser, ToolCallParser
+from agentenv.tool_calls import HermesToolCallParser, ToolCallError, ToolCallParser
 
 INSTRUCTION = "\n\nPut your final answer within \\boxed{}."
 
@@ -139,14 +139,16 @@ class PythonToolEnv(Env[str, str]):
         if not parsed.attempted:
             return await self._finish(action)
         parts: list[str] = []
-        n = len(parsed.calls) + len(parsed.errors)
-        for err in parsed.errors:
-            s["tool_errors"] += 1
-            parts.append(f"error: malformed tool call: {err.message}")
-        for call in parsed.calls:
+        items = parsed.items or (*parsed.errors, *parsed.calls)
+        n = len(items)
+        for item in items:
+            if isinstance(item, ToolCallError):
+                s["tool_errors"] += 1
+                parts.append(f"error: malformed tool call: {item.message}")
+                continue
             s["tool_calls"] += 1
             try:
-                code = check_arguments(call.name, call.arguments)
+                code = check_arguments(item.name, item.arguments)
             except ValueError as exc:
                 s["tool_errors"] += 1
                 parts.append(f"error: {exc}")

@@ -136,15 +136,17 @@ async def test_bad_calls_are_error_observations(grader) -> None:
     env, pool = make_env(grader)
     await env.reset(options={"index": 0})
     r = await env.step(
-        '<tool_call>{"name": "python", "arguments": {"code": "1"</tool_call>'  # malformed JSON
+        call("print(0)")  # fine: runs, and its result comes first
+        + '<tool_call>{"name": "python", "arguments": {"code": "1"</tool_call>'  # malformed JSON
         + call("print(1)", name="shell")  # unknown tool
         + call("   ")  # empty code
     )
     assert not r.terminated and not r.truncated
-    assert "[call 1 of 3]\nerror: malformed tool call" in r.observation
+    assert r.observation.startswith("[call 1 of 4]\nstatus: ok\nstdout:\nran 1")
+    assert "[call 2 of 4]\nerror: malformed tool call" in r.observation
     assert "unknown tool 'shell'" in r.observation and "'code' argument is empty" in r.observation
-    assert r.info["tool_errors"] == 3
-    assert pool.handed == []  # nothing reached a sandbox
+    assert r.info["tool_errors"] == 3 and r.info["tool_calls"] == 3
+    assert pool.handed[0].codes == ["print(0)"]  # no bad call reached the sandbox
 
 
 async def test_shared_pool_is_not_closed_and_close_is_idempotent(grader) -> None:
