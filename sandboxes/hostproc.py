@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from agentenv.sandboxes.base import ExecStatus
 from agentenv.sandboxes.channel import Channel
 
+from agentenv.errors import SandboxError
+
 UID_BASE = 1_000_000  #: first uid handed out (above every normal and systemd-dynamic uid)
 _UID_SPAN = 4096
 _counter = itertools.count()
@@ -94,14 +96,21 @@ class ProcState:
 
 async def spawn(argv: list[str], *, max_frame: int, uid: int | None, tmpdir: str | None,
                 cwd: str | None = None) -> tuple[Channel, ProcState]:
-    """Start ``argv`` in a new session (process group), optionally as ``uid``; wire up its channel."""
+    """Start ``argv`` in a new session (process group), optionally as ``uid``; wire up its channel.
+
+    Raises:
+        SandboxError: The program cannot be executed.
+    """
     kwargs = {}
     if uid is not None:
         kwargs = {"user": uid, "group": uid, "extra_groups": []}
-    proc = await asyncio.create_subprocess_exec(
-        *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.DEVNULL, start_new_session=True, env=WORKER_ENV, cwd=cwd or "/",
-        limit=1 << 20, **kwargs)
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.DEVNULL, start_new_session=True, env=WORKER_ENV, cwd=cwd or "/",
+            limit=1 << 20, **kwargs)
+    except OSError as e:
+        raise SandboxError(f"cannot start the sandbox worker ({argv[0]}): {e}") from e
 
     async def send(data: bytes) -> None:
         proc.stdin.write(data)

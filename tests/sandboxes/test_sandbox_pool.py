@@ -131,3 +131,41 @@ def test_cli_info_and_usage(capsys):
     with pytest.raises(SystemExit) as e:
         main(["frobnicate"])
     assert e.value.code == 2
+
+
+async def test_a_backend_that_cannot_start_raises_sandbox_error_everywhere():
+    from agentenv.sandboxes import SandboxPool, WorkerSandbox
+    from agentenv.sandboxes.process import ProcessLauncher
+
+    from agentenv.errors import SandboxError
+
+    broken = ProcessLauncher(LIMITS, python="/nonexistent/python3")
+    with pytest.raises(SandboxError, match="nonexistent"):
+        await WorkerSandbox(broken, LIMITS).start()
+    pool = SandboxPool(broken, LIMITS, size=2)
+    with pytest.raises(SandboxError, match="do not start"):
+        await pool.start()
+    with pytest.raises(SandboxError, match="nonexistent"):
+        await pool.acquire()
+    await pool.close()
+
+
+def test_build_image_without_a_daemon_fails_cleanly(monkeypatch, capsys):
+    from agentenv.sandboxes.cli import main
+
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/agentenv-test.sock")
+    assert main(["build-image"]) == 1
+    assert "no Docker daemon answers" in capsys.readouterr().err
+    assert choose_backend("auto") in ("bwrap", "process")
+
+
+@pytest.mark.docker
+def test_build_image_finds_the_built_image(capsys):
+    from agentenv.sandboxes.cli import main
+    from agentenv.sandboxes.image import IMAGE
+
+    if available_backends()["docker"]:
+        pytest.skip(f"docker backend unavailable here: {available_backends()['docker']}")
+    assert main(["build-image"]) == 0
+    out = capsys.readouterr()
+    assert out.out.strip() == IMAGE and "already built" in out.err
