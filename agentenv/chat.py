@@ -101,13 +101,13 @@ class ChatRenderer:
 
     # -- public API -----------------------------------------------------------------------------
     @property
-    def stop_token_ids(self) -> list[int]:
+    def stop_token_ids(self) -> tuple[int, ...]:
         """Ids that end a sampled reply: the template's end-of-turn token, then EOS if different."""
         ids = [self.end_of_turn_id]
         eos = getattr(self.tokenizer, "eos_token_id", None)
         if eos is not None and eos not in ids:
             ids.append(int(eos))
-        return ids
+        return tuple(ids)
 
     def initial_prompt(
         self, user_text: str, *, system: str | None = None, tools: Sequence[Mapping[str, Any]] = ()
@@ -173,6 +173,13 @@ class ChatRenderer:
             )
         return self._encode(long[cut:])
 
-    def decode(self, ids: Sequence[int]) -> str:
-        """Text of ``ids`` with special tokens kept (for logs and tool-call parsing)."""
-        return self.tokenizer.decode(list(ids), skip_special_tokens=False)
+    def decode(self, ids: Sequence[int], *, keep_special: bool = False) -> str:
+        """Text of ``ids`` for the environment (tool-call parsing, grading) and logs.
+
+        Args:
+            ids: ``(N,)`` token ids.
+            keep_special: Keep special tokens such as ``<|im_end|>`` (for logs and tests); by
+                default they are dropped, so a reply's end-of-turn token is not part of its text.
+                Tool-call tags stay either way (Qwen's ``<tool_call>`` is an added, non-special token).
+        """
+        return self.tokenizer.decode(list(ids), skip_special_tokens=not keep_special)

