@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 
 from agentenv.sandboxes.base import SandboxLimits
-from agentenv.sandboxes.select import make_launcher
+from agentenv.sandboxes.select import ISOLATION, make_launcher
 from agentenv.sandboxes.session import Launcher, WorkerSandbox
 
 from agentenv.errors import ClosedError, ConfigError, SandboxError
@@ -39,7 +39,7 @@ class SandboxPool:
             raise ConfigError(f"pool size must be >= 0, got {size}")
         self._launcher, self.limits, self.size = launcher, limits, size
         self.backend: str = launcher.backend
-        self.isolation: str = ""
+        self.isolation: str = ISOLATION.get(launcher.backend, "")  # refined once a worker said hello
         self._ready: asyncio.Queue[WorkerSandbox] = asyncio.Queue()
         self._starting: set[asyncio.Task] = set()
         self._out: set[WorkerSandbox] = set()

@@ -98,14 +98,15 @@ class _Capped(io.TextIOBase):
     def write(self, s):
         if not isinstance(s, str):
             raise TypeError(f"write() argument must be str, not {type(s).__name__}")
+        n = len(s)
         room = self.cap - self.size
-        if len(s) > room:
+        if n > room:
             self.truncated = True
             s = s[: max(room, 0)]
         if s:
             self.parts.append(s)
             self.size += len(s)
-        return len(s)
+        return n  # all of it "written": callers must not retry what the cap dropped
 
     @property
     def encoding(self):
