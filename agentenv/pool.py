@@ -43,7 +43,14 @@ DriftScorer = Callable[[Sequence[Trajectory]], Sequence[Any]]
 """``scorer(trajectories) -> [logprobs_i]``: the current learner's log-probabilities ``(T_i,)`` of each
 trajectory's policy tokens, in order (tensor or array; nats, <= 0)."""
 
-_COLUMNS = {"seq": np.int64, "v_c": np.int64, "gs": np.float64, "share": np.float64, "v_min": np.int64}
+_COLUMNS = {
+    "seq": np.int64, "v_c": np.int64, "gs": np.float64, "share": np.float64, "v_min": np.int64,
+    "t": np.int64,  # policy tokens T
+    "n_old": np.int64,  # tokens in segments older than the newest
+    "f": np.float64,  # prefix drift, valid where f_ver == the current version
+    "f_ver": np.int64,
+}
+_NEVER = np.iinfo(np.int64).min
 
 
 @dataclass(frozen=True)
@@ -168,7 +175,6 @@ class TrajectoryPool:
         """The smoothed rejection rate ``r`` (dimensionless, in [0, 1])."""
         self._score_version: int | None = None
         self._score_cache: dict[str, np.ndarray] = {}
-        self._drift_cache: dict[str, float] = {}
 
     # -- contents ---------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -206,6 +212,10 @@ class TrajectoryPool:
         c["gs"][n] = traj.generation_staleness()
         c["share"][n] = traj.older_segment_token_share()
         c["v_min"][n] = min(s.version for s in traj.segments)
+        newest = max(s.version for s in traj.segments)
+        c["t"][n] = traj.num_policy_tokens
+        c["n_old"][n] = sum(s.num_tokens for s in traj.segments if s.version < newest)
+        c["f"][n], c["f_ver"][n] = 0.0, _NEVER
         self._next_seq += 1
         self._trajs.append(traj)
         self._ids.add(traj.id)
@@ -218,8 +228,18 @@ class TrajectoryPool:
         for c in self._cols.values():
             c[:m] = c[:n][keep]
         self._ids.difference_update(t.id for t in removed)
-        self._trajs = list(itertools.compress(self._trajs, keep.tolist()))
-        self._older = list(itertools.compress(self._older, keep.tolist()))
+        flags = keep.tolist()
+        self._trajs = list(itertools.compress(self._trajs, flags))
+        self._older = list(itertools.compress(self._older, flags))
+
+    def copy(self) -> TrajectoryPool:
+        """An independent pool with the same contents, rate and caches (trajectories shared, not copied)."""
+        new = TrajectoryPool(self.config)
+        new.__dict__.update(self.__dict__)
+        new._cols = {k: v.copy() for k, v in self._cols.items()}
+        new._trajs, new._older, new._ids = list(self._trajs), list(self._older), set(self._ids)
+        new._score_cache = dict(self._score_cache)
+        return new
 
     # -- selection --------------------------------------------------------------------------------
     def select_batch(
@@ -254,8 +274,7 @@ class TrajectoryPool:
         scoring = cfg.policy == "pace" and cfg.drift_mode == "scoring"
         if scoring and drift_scorer is None:
             raise ConfigError("staleness.drift_mode='scoring' needs a drift_scorer (or use 'token_share')")
-        if self._score_version != current_version:
-            self._score_version, self._score_cache, self._drift_cache = current_version, {}, {}
+        self._sync_version(current_version)
         n = len(self._trajs)
         b = batch_size
         target = cfg.target_occupancy if cfg.target_occupancy is not None else b
@@ -288,7 +307,7 @@ class TrajectoryPool:
                 s_eff = effective_staleness(ws, gs, w)
                 reject = highest_first(s_eff, k)
             elif k > 0:
-                f = self._drift(np.arange(n), drift_scorer, score_all=False)
+                f = self._drift(np.arange(n), drift_scorer, current_version, score_all=False)
                 w = pace_weights(f, cfg.gamma)
                 s_eff = effective_staleness(ws, gs, w)
                 reject = highest_first(s_eff, k)
@@ -299,8 +318,8 @@ class TrajectoryPool:
         chosen = remaining[:b] if remaining.shape[0] >= b else np.zeros(0, dtype=np.int64)
         dec.waited = chosen.shape[0] == 0
         if scoring and chosen.shape[0]:
-            if any(self._trajs[i].id not in self._score_cache for i in chosen.tolist()):
-                f_batch = self._drift(chosen, drift_scorer, score_all=True)  # the learner's gate needs q
+            if (self._cols["f_ver"][chosen] != current_version).any():  # the learner's gate needs q
+                f_batch = self._drift(chosen, drift_scorer, current_version, score_all=True)
                 if np.isnan(f[chosen]).any():  # budget 0: f was not computed for the pool
                     f = nan.copy()
                     f[chosen] = f_batch
@@ -324,37 +343,42 @@ class TrajectoryPool:
         requeue = [t.task_id for t in rejected] if cfg.requeue_rejected else []
         return BatchSelection(batch, rejected, dec, scores, requeue)
 
-    def _drift(self, rows: np.ndarray, scorer: DriftScorer, score_all: bool) -> np.ndarray:
-        """Prefix drift ``f`` ``(len(rows),)`` for pool rows, scoring those not cached at this version.
+    def _sync_version(self, version: int) -> None:
+        """Drop the scores and drifts of another version (``f`` is valid where ``f_ver == version``)."""
+        if self._score_version != version:
+            self._score_version, self._score_cache = version, {}
+            self._cols["f_ver"][:] = _NEVER
+
+    def _drift(self, rows: np.ndarray, scorer: DriftScorer, version: int, score_all: bool) -> np.ndarray:
+        """Prefix drift ``f`` ``(len(rows),)`` for pool rows, scoring those not scored at ``version``.
 
         A single-version row has ``f = 0`` without a score; it is scored only when ``score_all`` (the
         batch, whose scores go back to the learner). The scorer's arrays are reduced in one vectorised
-        block over their concatenation; ``f`` and the arrays are cached per trajectory id until the
-        version changes.
+        block over their concatenation; ``f`` is kept in a column (valid while ``f_ver == version``)
+        and the arrays in a per-version cache.
         """
-        trajs = [self._trajs[i] for i in rows.tolist()]
-        todo = [
-            j for j, t in enumerate(trajs)
-            if t.id not in self._drift_cache and (score_all or self._older[rows[j]].n > 0)
-        ]
-        if todo:
-            out = scorer([trajs[j] for j in todo])
-            if len(out) != len(todo):
-                raise DataError(f"drift_scorer returned {len(out)} arrays for {len(todo)} trajectories")
+        self._sync_version(version)
+        c = {k: v[: len(self._trajs)] for k, v in self._cols.items()}
+        need = (c["f_ver"][rows] != version) & (score_all | (c["n_old"][rows] > 0))
+        todo = rows[need]
+        if todo.size:
+            trajs = [self._trajs[i] for i in todo.tolist()]
+            out = scorer(trajs)
+            if len(out) != len(trajs):
+                raise DataError(f"drift_scorer returned {len(out)} arrays for {len(trajs)} trajectories")
             arrs = [
                 (s.detach().cpu().double().numpy() if hasattr(s, "detach") else np.asarray(s)).reshape(-1)
                 for s in out
             ]
             lens = np.fromiter((a.shape[0] for a in arrs), dtype=np.int64, count=len(arrs))
-            want = np.fromiter((trajs[j].num_policy_tokens for j in todo), dtype=np.int64, count=len(todo))
+            want = c["t"][todo]
             if (bad := np.flatnonzero(lens != want)).size:
-                t = trajs[todo[bad[0]]]
-                raise DataError(f"drift_scorer: trajectory {t.id} has {want[bad[0]]} policy tokens, "
-                                f"got {lens[bad[0]]} log-probabilities")
-            olds = [self._older[rows[j]] for j in todo]
-            nold = np.fromiter((o.n for o in olds), dtype=np.int64, count=len(olds))
-            f_new = np.zeros(len(todo))
+                raise DataError(f"drift_scorer: trajectory {trajs[bad[0]].id} has {want[bad[0]]} policy "
+                                f"tokens, got {lens[bad[0]]} log-probabilities")
+            nold = c["n_old"][todo]
+            f_new = np.zeros(todo.shape[0])
             if nold.sum():
+                olds = [self._older[i] for i in todo.tolist()]
                 pairs = zip(arrs, olds, strict=True)
                 parts = [a[: o.n] if o.idx is None else a[o.idx] for a, o in pairs if o.n]
                 q = np.concatenate(parts)
@@ -363,12 +387,9 @@ class TrajectoryPool:
                 has = nold > 0
                 starts = (np.cumsum(nold) - nold)[has]
                 f_new[has] = np.add.reduceat(d, starts, dtype=np.float64) / nold[has]
-            for j, a, fv in zip(todo, arrs, f_new.tolist(), strict=True):
-                tid = trajs[j].id
-                self._score_cache[tid] = a
-                self._drift_cache[tid] = fv
-        cache = self._drift_cache
-        return np.fromiter((cache.get(t.id, 0.0) for t in trajs), dtype=np.float64, count=len(trajs))
+            c["f"][todo], c["f_ver"][todo] = f_new, version
+            self._score_cache.update(zip((t.id for t in trajs), arrs, strict=True))
+        return np.where(c["f_ver"][rows] == version, c["f"][rows], 0.0)
 
     # -- checkpoints ------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
