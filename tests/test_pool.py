@@ -294,3 +294,26 @@ def test_pool_grows_past_initial_capacity():
     assert ids(sel.batch) == [f"g{i}" for i in range(150)]
     np.testing.assert_allclose(sel.decision.sel["ws"], 200 - np.arange(150))
     assert ids(pool.trajectories) == [f"g{i}" for i in range(150, 200)]
+
+
+def test_copy_is_independent():
+    a = pool_of(StalenessConfig(policy="pace", beta=0.0), four())
+    b = a.copy()
+    sel = b.select_batch(2, 10, Scorer())
+    assert ids(sel.batch) == ["C", "D"] and len(b) == 0
+    assert len(a) == 4 and a.rate == 0.0 and ids(a.trajectories) == ["A", "B", "C", "D"]
+    assert ids(a.select_batch(2, 10, Scorer()).batch) == ["C", "D"]
+
+
+def test_version_change_invalidates_drift():
+    scorer = Scorer()
+    pool = pool_of(StalenessConfig(policy="pace", beta=0.0, target_occupancy=3), four())
+    pool.select_batch(1, 10, scorer)  # scores B, C, D at v10; rejects A; batch [B]
+    pool.add(make_traj("F", 10, [(2, 10)]))
+    OLDER_DIFFS["F"] = []
+    try:
+        sel = pool.select_batch(1, 12, scorer)  # C, D, F: e = 0 -> budget 0; batch [C] rescored at v12
+    finally:
+        del OLDER_DIFFS["F"]
+    assert scorer.calls == [["B", "C", "D"], ["C"]]
+    assert ids(sel.batch) == ["C"] and sel.decision.sel["ws"][0] == 3
