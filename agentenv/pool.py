@@ -15,6 +15,13 @@ Semantics of :meth:`TrajectoryPool.select_batch` (``B`` = batch size, ``N`` = oc
   rejected (never cutting the pool below ``max(N_target, B)``), so a batch is always formed and ``r``
   updates once per optimizer step.
 * The batch is the ``B`` oldest remaining trajectories, in completion (= :meth:`add`) order.
+* Definitions (see :mod:`agentenv.staleness`): ``u_i`` = average 1-based rank of ``f_i`` / ``n``
+  (ties share their mean rank); among equal ``S_eff`` the later-completed candidate is rejected
+  first; a trajectory whose policy tokens all share one version has ``f_i = 0`` and is not scored
+  for ``f`` (only if it lands in the batch, to return its scores); ``pace`` with
+  ``drift_mode="token_share"`` uses ``w_i`` = the token share of segments older than the newest.
+* ``pace`` scoring with a zero budget scores only the batch (nothing to rank); its ``w``/``S_eff``
+  are then not computed (``None`` in the log).
 """
 
 from __future__ import annotations
@@ -265,8 +272,9 @@ class TrajectoryPool:
 
         Raises:
             ConfigError: ``batch_size < 1``, or scoring mode without a ``drift_scorer``.
-            DataError: The scorer returned the wrong number or shape of arrays or a non-finite or
-                positive log-probability; the pool is left unchanged.
+            DataError: ``current_version`` is below a pooled completion version, or the scorer
+                returned the wrong number or shape of arrays or a non-finite or positive
+                log-probability; the pool is left unchanged.
         """
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ConfigError(f"batch_size must be an int >= 1, got {batch_size!r}")
@@ -274,8 +282,11 @@ class TrajectoryPool:
         scoring = cfg.policy == "pace" and cfg.drift_mode == "scoring"
         if scoring and drift_scorer is None:
             raise ConfigError("staleness.drift_mode='scoring' needs a drift_scorer (or use 'token_share')")
-        self._sync_version(current_version)
         n = len(self._trajs)
+        if n and int(self._cols["v_c"][:n].max()) > current_version:
+            raise DataError(f"current_version {current_version} is below a pooled trajectory's "
+                            f"completion_version {int(self._cols['v_c'][:n].max())}")
+        self._sync_version(current_version)
         b = batch_size
         target = cfg.target_occupancy if cfg.target_occupancy is not None else b
         c = {k: v[:n] for k, v in self._cols.items()}
@@ -319,10 +330,10 @@ class TrajectoryPool:
         dec.waited = chosen.shape[0] == 0
         if scoring and chosen.shape[0]:
             if (self._cols["f_ver"][chosen] != current_version).any():  # the learner's gate needs q
-                f_batch = self._drift(chosen, drift_scorer, current_version, score_all=True)
-                if np.isnan(f[chosen]).any():  # budget 0: f was not computed for the pool
-                    f = nan.copy()
-                    f[chosen] = f_batch
+                self._drift(chosen, drift_scorer, current_version, score_all=True)
+            if np.isnan(f[chosen]).any():  # budget 0: f was computed for the batch only (for the log)
+                f = nan.copy()
+                f[chosen] = self._cols["f"][chosen]
             scores = [self._score_cache[self._trajs[i].id] for i in chosen.tolist()]
             _check_logprobs(np.concatenate(scores))
 

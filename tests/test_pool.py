@@ -272,6 +272,8 @@ def test_usage_errors():
     with pytest.raises(ConfigError):
         pool.select_batch(0, 10, Scorer())
     with pytest.raises(DataError):
+        pool.select_batch(2, 8, Scorer())  # C, D completed at v9
+    with pytest.raises(DataError):
         pool.add(pool.trajectories[0])  # already pooled
     with pytest.raises(DataError):
         pool.add(Trajectory(id="empty"))  # no policy token
