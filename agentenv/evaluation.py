@@ -107,7 +107,9 @@ def make_jobs(
 
 
 def _failed(job: EpisodeJob, exc: BaseException, seconds: float) -> EpisodeResult:
-    return EpisodeResult(job.game, job.task_type, job.sample, False, 0.0, 0, seconds, f"{type(exc).__name__}: {exc}")
+    return EpisodeResult(
+        job.game, job.task_type, job.sample, False, 0.0, 0, seconds, f"{type(exc).__name__}: {exc}"
+    )
 
 
 async def run_jobs(
@@ -193,7 +195,9 @@ def policy_agent(make_policy: Callable[[EpisodeJob, Mapping[str, Any]], Policy])
             won = bool(info.get("won", result.reward > 0))
             if result.terminated or result.truncated:
                 break
-        return EpisodeResult(job.game, job.task_type, job.sample, won, total, steps, time.perf_counter() - start)
+        return EpisodeResult(
+            job.game, job.task_type, job.sample, won, total, steps, time.perf_counter() - start
+        )
 
     return agent
 
@@ -320,6 +324,10 @@ def aggregate(
 
     Args:
         results: One entry per episode.
+        env: Environment id, copied into the report.
+        split: Split name, copied into the report.
+        model: Model label, copied into the report.
+        samples_per_game: K, copied into the report.
         task_order: Task types to list first, in this order, even when no episode has them.
         seconds: Wall time of the run, for the throughput.
     """
@@ -346,7 +354,10 @@ def format_table(report: EvalReport) -> str:
     def num(x: float) -> str:
         return "    -" if math.isnan(x) else f"{x:5.1f}"
 
-    head = f"{'task type':<24} {'games':>5} {'eps':>5} {'won':>5} {'succ%':>6} {'pass@k%':>7} {'steps':>6} {'err':>4}"
+    head = (
+        f"{'task type':<24} {'games':>5} {'eps':>5} {'won':>5} {'succ%':>6} {'pass@k%':>7} {'steps':>6} "
+        f"{'err':>4}"
+    )
     rows = [
         f"{report.env} {report.split}  model={report.model or '-'}  K={report.samples_per_game}",
         head,
@@ -378,7 +389,9 @@ def write_report(report: EvalReport, results: Sequence[EpisodeResult], out: Path
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="agentenv eval", description="Evaluate a model on ALFWorld seen/unseen games.")
+    p = argparse.ArgumentParser(
+        prog="agentenv eval", description="Evaluate a model on ALFWorld seen/unseen games."
+    )
     p.add_argument("--env", default="alfworld", choices=["alfworld"])
     p.add_argument("--split", default="valid_seen", help="valid_seen (140 games) or valid_unseen (134)")
     p.add_argument("--model", default=None, help="model folder (default: the embedded SmolLM2-135M)")
@@ -425,7 +438,10 @@ async def _run(args: argparse.Namespace) -> tuple[EvalReport, list[EpisodeResult
 
     games = list_games(args.split, args.data_root)
     jobs = make_jobs(
-        [(g.name, g.task_type) for g in games], samples_per_game=args.samples_per_game, limit=args.limit, seed=args.seed
+        [(g.name, g.task_type) for g in games],
+        samples_per_game=args.samples_per_game,
+        limit=args.limit,
+        seed=args.seed,
     )
     cfg = RolloutConfig(
         max_turns=args.max_steps,

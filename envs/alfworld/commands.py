@@ -55,7 +55,7 @@ def parse_command(reply: str, admissible: Sequence[str]) -> str:
     """
     by_norm = {normalize(c): c for c in admissible}
     marks = list(_ACTION_MARK.finditer(reply))
-    focus = reply[marks[-1].end():] if marks else reply
+    focus = reply[marks[-1].end() :] if marks else reply
     lines = [normalize(line) for line in focus.splitlines()]
     lines = [line for line in lines if line]
     for line in reversed(lines) if not marks else lines[:1]:

@@ -65,7 +65,9 @@ def canonical_split(split: str) -> str:
     """
     name = _ALIASES.get(split, split)
     if name not in SPLITS:
-        raise DataError(f"unknown ALFWorld split {split!r}; expected one of {', '.join(SPLITS)} (or seen/unseen)")
+        raise DataError(
+            f"unknown ALFWorld split {split!r}; expected one of {', '.join(SPLITS)} (or seen/unseen)"
+        )
     return name
 
 
@@ -110,7 +112,11 @@ def list_games(split: str, root: str | os.PathLike[str] | None = None) -> list[G
     if not split_dir.is_dir():
         raise DataError(f"ALFWorld split folder not found: {split_dir}")
     games = [
-        GameRef(path=p, name=f"{p.parent.parent.name}/{p.parent.name}", task_type=task_type_of(p.parent.parent.name))
+        GameRef(
+            path=p,
+            name=f"{p.parent.parent.name}/{p.parent.name}",
+            task_type=task_type_of(p.parent.parent.name),
+        )
         for p in split_dir.glob(f"*/*/{GAME_FILE}")
     ]
     if not games:

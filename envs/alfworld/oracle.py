@@ -20,6 +20,7 @@ from typing import Any
 
 from agentenv.envs.alfworld.env import AlfWorldEnv
 from agentenv.envs.alfworld.games import TASK_TYPES, GameRef, canonical_split, list_games, read_game
+
 from agentenv.errors import AgentEnvError
 from agentenv.evaluation import (
     EpisodeJob,
@@ -53,11 +54,19 @@ def walkthrough_policy(games: Sequence[GameRef]) -> Any:
     return make_policy
 
 
-def _play_chunk(games: list[GameRef], jobs: list[EpisodeJob], concurrency: int, max_steps: int) -> list[EpisodeResult]:
+def _play_chunk(
+    games: list[GameRef], jobs: list[EpisodeJob], concurrency: int, max_steps: int
+) -> list[EpisodeResult]:
     """Play ``jobs`` in this process (the body of one worker process)."""
     agent = policy_agent(walkthrough_policy(games))
     return asyncio.run(
-        run_jobs(jobs, agent, lambda: AlfWorldEnv(games=games, max_steps=max_steps), concurrency=concurrency, progress=False)
+        run_jobs(
+            jobs,
+            agent,
+            lambda: AlfWorldEnv(games=games, max_steps=max_steps),
+            concurrency=concurrency,
+            progress=False,
+        )
     )
 
 
@@ -127,7 +136,11 @@ def run_oracle(
 
 
 def oracle_main(argv: Sequence[str] | None = None) -> int:
-    """``agentenv alfworld-oracle --split valid_seen``: exit 0 when every game is won, 1 otherwise, 2 on bad input."""
+    """``agentenv alfworld-oracle --split valid_seen``.
+
+    Returns:
+        0 when every game is won, 1 otherwise, 2 on bad input (unknown split, missing data).
+    """
     p = argparse.ArgumentParser(prog="agentenv alfworld-oracle", description="Replay ALFWorld walkthroughs.")
     p.add_argument("--split", default="valid_seen")
     p.add_argument("--limit", type=int, default=None)

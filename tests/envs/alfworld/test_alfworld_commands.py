@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from agentenv.envs.alfworld.commands import MAX_COMMAND_CHARS, normalize, parse_command
 
 ADMISSIBLE = [

@@ -11,8 +11,9 @@ import pytest
 
 pytest.importorskip("alfworld", reason="the alfworld package is not installed (scripts/install_alfworld.sh)")
 
-from agentenv.core import StepResult  # noqa: E402
 from agentenv.envs.alfworld import AlfWorldEnv, GameRef, list_games, read_game  # noqa: E402
+
+from agentenv.core import StepResult  # noqa: E402
 from agentenv.errors import ConfigError, DataError, ResetNeeded  # noqa: E402
 from agentenv.registration import make  # noqa: E402
 
@@ -45,7 +46,11 @@ async def test_registered_and_first_observation(seen: list[GameRef]) -> None:
 async def test_walkthrough_with_messy_replies_wins(seen: list[GameRef]) -> None:
     walk = read_game(seen[0].path)["walkthrough"]
     assert walk == ["go to desk 1", "use desklamp 1", "take alarmclock 2 from desk 1"]
-    replies = ["I should GO TO DESK 1!", "Thought: light.\nAction: Use DeskLamp 1.", "take alarmclock 2 from desk 1"]
+    replies = [
+        "I should GO TO DESK 1!",
+        "Thought: light.\nAction: Use DeskLamp 1.",
+        "take alarmclock 2 from desk 1",
+    ]
     async with AlfWorldEnv("valid_seen", games=seen) as env:
         await env.reset(options={"game": GAME0})
         results: list[StepResult] = [await env.step(r) for r in replies]
@@ -61,7 +66,9 @@ async def test_walkthrough_with_messy_replies_wins(seen: list[GameRef]) -> None:
         assert info["steps"] == 0 and "look at alarmclock" in obs
 
 
-@pytest.mark.parametrize("reply", ["", "x" * 10_000, "ＧＯ ＴＯ ＤＥＳＫ ９ ✓ 日本語", "dance with the desklamp"])
+@pytest.mark.parametrize(
+    "reply", ["", "x" * 10_000, "ＧＯ ＴＯ ＤＥＳＫ ９ ✓ 日本語", "dance with the desklamp"]
+)
 async def test_bad_replies_get_the_games_feedback(reply: str, seen: list[GameRef]) -> None:
     async with AlfWorldEnv(games=seen[:1]) as env:
         await env.reset(options={"game": 0})
@@ -98,12 +105,16 @@ async def test_seeded_reset_is_reproducible(seen: list[GameRef]) -> None:
     assert {*(await names(8)), *a} <= {g.name for g in seen[:6]}
 
 
-async def test_bad_game_files_are_data_errors_and_the_env_survives(tmp_path: Path, seen: list[GameRef]) -> None:
+async def test_bad_game_files_are_data_errors_and_the_env_survives(
+    tmp_path: Path, seen: list[GameRef]
+) -> None:
     corrupt = tmp_path / "corrupt.tw-pddl"
     corrupt.write_text(seen[0].path.read_text()[:1000])
     broken_pddl = tmp_path / "broken.tw-pddl"
     data = read_game(seen[0].path)
-    broken_pddl.write_text(json.dumps(data | {"pddl_problem": "(define (problem x) (:domain alfred) (:init (oops"}))
+    broken_pddl.write_text(
+        json.dumps(data | {"pddl_problem": "(define (problem x) (:domain alfred) (:init (oops"})
+    )
     games = [
         GameRef(tmp_path / "missing.tw-pddl", "a/missing", "pick_and_place"),
         GameRef(corrupt, "b/corrupt", "pick_and_place"),

@@ -9,7 +9,6 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-
 from agentenv.envs.alfworld.games import (
     TASK_TYPES,
     canonical_split,
@@ -18,6 +17,7 @@ from agentenv.envs.alfworld.games import (
     read_game,
     task_type_of,
 )
+
 from agentenv.errors import DataError
 
 
@@ -80,9 +80,7 @@ def _make_root(tmp_path: Path, data_dir: Path, members: dict[str, bytes]) -> Pat
 def test_train_is_extracted_once_into_the_cache(tmp_path: Path, data_dir: Path, monkeypatch) -> None:
     monkeypatch.setenv("AGENTENV_CACHE", str(tmp_path / "cache"))
     seen = list_games("valid_seen")
-    payload = {
-        f"json_2.1.1/train/{g.name}/game.tw-pddl": g.path.read_bytes() for g in (seen[0], seen[-1])
-    }
+    payload = {f"json_2.1.1/train/{g.name}/game.tw-pddl": g.path.read_bytes() for g in (seen[0], seen[-1])}
     root = _make_root(tmp_path, data_dir, payload)
     games = list_games("train", root)
     assert [g.name for g in games] == sorted([seen[0].name, seen[-1].name])
