@@ -96,9 +96,11 @@ async def test_sleep_past_timeout(sandbox):
     assert (await sandbox.run("print('alive')")).stdout == "alive\n"
 
 
-async def test_memory_bomb_is_oom_and_contained(sandbox):
+async def test_memory_bomb_is_oom_and_contained(sandbox, backend):
     r = await sandbox.run("blocks = []\nwhile True:\n    blocks.append(b'x' * 10_000_000)", timeout_s=20)
     assert r.status is ExecStatus.OOM and r.worker_replaced, r
+    # docker: the cgroup limit kills the container (read back from its state); else RLIMIT_AS
+    assert ("OOM-killed" if backend == "docker" else "MemoryError") in r.error
     r = await sandbox.run("print(len(bytearray(1_000_000)))")
     assert r.status is ExecStatus.OK and r.stdout == "1000000\n"
 
@@ -255,3 +257,47 @@ async def test_bad_timeout_and_limits_are_config_errors(sandbox, backend):
     with pytest.raises(ConfigError):
         create_sandbox_pool(backend, size=1, limits=SandboxLimits(memory_bytes=1000))
     assert (await sandbox.run("print(1)")).stdout == "1\n"
+
+
+async def test_worker_has_no_capabilities_and_cannot_regain_root(sandbox):
+    code = ("import os\n"
+            "st = dict(l.split(':\\t', 1) for l in open('/proc/self/status').read().splitlines())\n"
+            "print(os.getuid() != 0, st['CapEff'].strip(), st['CapPrm'].strip(), st['NoNewPrivs'].strip())\n"
+            "try:\n    os.setuid(0)\n    print('ROOT')\nexcept OSError:\n    print('denied')")
+    r = await sandbox.run(code)
+    assert r.stdout == "True 0000000000000000 0000000000000000 1\ndenied\n", (r.stdout, r.error)
+
+
+def test_bwrap_binds_only_what_it_needs():
+    from agentenv.sandboxes.bwrap import bwrap_argv
+
+    argv = bwrap_argv()
+    pairs = {(argv[i], argv[i + 1], argv[i + 2]) for i in range(len(argv) - 2)}
+    assert ("--ro-bind", "/", "/") not in pairs and ("--bind", "/", "/") not in pairs
+    assert ("--ro-bind", "/usr", "/usr") in pairs
+    assert not any(a in ("--bind", "--dev-bind") for a in argv)  # nothing of the host is writable
+    for flag in ("--unshare-all", "--die-with-parent", "--remount-ro"):
+        assert flag in argv
+    assert argv[argv.index("--uid") + 1] == "65534"
+
+
+@pytest.mark.docker
+async def test_docker_container_is_locked_down():
+    from agentenv.sandboxes import create_sandbox
+
+    from .conftest import LIMITS, skip_reason
+
+    if skip_reason("docker"):
+        pytest.skip(f"docker backend unavailable here: {skip_reason('docker')}")
+
+    sb = await create_sandbox("docker", LIMITS)
+    try:
+        attrs = sb._handle.state.container.attrs
+        host, cfg = attrs["HostConfig"], attrs["Config"]
+        assert host["NetworkMode"] == "none" and host["ReadonlyRootfs"] is True
+        assert host["CapDrop"] == ["ALL"] and "no-new-privileges" in host["SecurityOpt"]
+        assert host["Memory"] == LIMITS.memory_bytes and host["MemorySwap"] == LIMITS.memory_bytes
+        assert host["PidsLimit"] == LIMITS.max_processes and host["NanoCpus"] == int(LIMITS.cpus * 1e9)
+        assert set(host["Tmpfs"]) == {"/work", "/tmp"} and cfg["User"] == "65534:65534"
+    finally:
+        await sb.close()
