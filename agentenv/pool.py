@@ -174,7 +174,7 @@ class TrajectoryPool:
         self.config = config or StalenessConfig()
         self._trajs: list[Trajectory] = []
         self._ids: set[str] = set()
-        self._older: list[_Older | None] = []  # scoring mode only
+        self._older: list[_Older] = []  # pace scoring mode only (else stays empty)
         self._cols = {k: np.zeros(64, dtype=t) for k, t in _COLUMNS.items()}
         self._next_seq = 0
         self._step = 0
@@ -227,7 +227,8 @@ class TrajectoryPool:
         self._trajs.append(traj)
         self._ids.add(traj.id)
         scoring = self.config.policy == "pace" and self.config.drift_mode == "scoring"
-        self._older.append(_older_tokens(traj) if scoring else None)
+        if scoring:
+            self._older.append(_older_tokens(traj))
 
     def _remove(self, keep: np.ndarray, removed: list[Trajectory]) -> None:
         n = len(self._trajs)
@@ -237,7 +238,8 @@ class TrajectoryPool:
         self._ids.difference_update(t.id for t in removed)
         flags = keep.tolist()
         self._trajs = list(itertools.compress(self._trajs, flags))
-        self._older = list(itertools.compress(self._older, flags))
+        if self._older:
+            self._older = list(itertools.compress(self._older, flags))
 
     def copy(self) -> TrajectoryPool:
         """An independent pool with the same contents, rate and caches (trajectories shared, not copied)."""

@@ -8,7 +8,8 @@ the same full pool (untimed copy), with the smoothed rate reset to 0.1 (budget ~
 every PACE call rejects and the full PACE path runs. ``pace`` computes the drift of every
 multi-version candidate from the scorer's arrays in that call (token work: ~5M policy tokens at
 10,000 trajectories); ``pace_cached`` has the drift already computed at this version, so its figure
-is the selection logic alone.
+is the selection logic alone. Wall-clock medians and the thread's CPU-time medians are both printed:
+on a shared, loaded machine the CPU time is the figure that does not count time spent descheduled.
 
 Usage: python benchmarks/bench_pool.py [--sizes 1000 10000] [--reps 30] [--batch-size 64]
 """
@@ -59,7 +60,7 @@ def synth(n: int, tokens_mean: float, v_now: int, rng: np.random.Generator) -> l
 
 
 def bench(policy: str, trajs: list[Trajectory], b: int, reps: int, v_now: int,
-          scores: dict[str, np.ndarray]) -> tuple[list[float], int]:
+          scores: dict[str, np.ndarray]) -> tuple[list[float], list[float], int]:
     base = TrajectoryPool(POLICIES[policy])
     for t in trajs:
         base.add(t)
@@ -69,16 +70,17 @@ def bench(policy: str, trajs: list[Trajectory], b: int, reps: int, v_now: int,
 
     if policy == "pace_cached":  # drift already computed at v_now (private call: warm-up only)
         base._drift(np.arange(len(base)), scorer, v_now, score_all=False)
-    times, rejected = [], 0
+    times, cpu, rejected = [], [], 0
     for _ in range(reps):
         pool = base.copy()  # untimed; every repetition decides on the same full pool
         pool.rate = 0.1
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         sel = pool.select_batch(b, v_now, scorer)
         times.append(time.perf_counter() - t0)
+        cpu.append(time.thread_time() - c0)
         assert len(sel.batch) == b
         rejected = len(sel.rejected)
-    return times, rejected
+    return times, cpu, rejected
 
 
 def main() -> None:
@@ -91,17 +93,20 @@ def main() -> None:
     rng = np.random.default_rng(0)
     v_now = 100
     print(f"batch size {args.batch_size}, mean policy tokens {args.tokens_mean}, {args.reps} reps, median ms")
-    print(f"{'pool':>7} {'policy':>11} {'median ms':>10} {'p90 ms':>8} {'x none':>7} {'rejected':>9}")
+    print(f"{'pool':>7} {'policy':>11} {'median ms':>10} {'p90 ms':>8} {'x none':>7} {'cpu ms':>8} "
+          f"{'x none':>7} {'rejected':>9}")
     for n in args.sizes:
         trajs = synth(n, args.tokens_mean, v_now, rng)
         scores = {t.id: np.minimum(-1.0 + rng.normal(0, 0.1, t.num_policy_tokens), 0.0) for t in trajs}
         base = None
         for policy in POLICIES:
-            times, rejected = bench(policy, trajs, args.batch_size, args.reps, v_now, scores)
+            times, cpu, rejected = bench(policy, trajs, args.batch_size, args.reps, v_now, scores)
             med = statistics.median(times) * 1e3
             p90 = float(np.percentile(times, 90)) * 1e3
-            base = med if policy == "none" else base
-            print(f"{n:>7} {policy:>11} {med:>10.3f} {p90:>8.3f} {med / base:>7.1f} {rejected:>9}")
+            cmed = statistics.median(cpu) * 1e3
+            base = (med, cmed) if policy == "none" else base
+            print(f"{n:>7} {policy:>11} {med:>10.3f} {p90:>8.3f} {med / base[0]:>7.1f} {cmed:>8.3f} "
+                  f"{cmed / base[1]:>7.1f} {rejected:>9}")
 
 
 if __name__ == "__main__":
