@@ -37,7 +37,7 @@ import torch
 
 from agentenv.errors import CheckpointError
 
-__all__ = ["LoadedCheckpoint", "latest_checkpoint", "list_checkpoints", "load_checkpoint", "save_checkpoint"]
+__all__ = ["CheckpointManager", "LoadedCheckpoint", "latest_checkpoint", "list_checkpoints", "load_checkpoint", "save_checkpoint"]
 
 FORMAT = 1
 _NAME = re.compile(r"^v(\d{8})(?:-(\d+))?$")
@@ -232,11 +232,15 @@ def load_checkpoint(
             raise CheckpointError(f"{path}: model keys differ from the checkpoint's (e.g. {diff})")
         for k, v in own.items():
             if v.shape != weights[k].shape:
-                raise CheckpointError(f"{path}: {k} has shape {tuple(weights[k].shape)}, model {tuple(v.shape)}")
+                raise CheckpointError(
+                    f"{path}: {k} has shape {tuple(weights[k].shape)}, the model {tuple(v.shape)}"
+                )
     except CheckpointError as e:
         raise CheckpointError(f"{e}; other checkpoints: {_others(path)}") from e
     except (OSError, ValueError, KeyError, RuntimeError, json.JSONDecodeError, EOFError) as e:
-        raise CheckpointError(f"{path}: cannot read checkpoint ({e}); other checkpoints: {_others(path)}") from e
+        raise CheckpointError(
+            f"{path}: cannot read checkpoint ({e}); other checkpoints: {_others(path)}"
+        ) from e
     # Everything verified: apply.
     model.load_state_dict(weights)
     if optimizer is not None:
@@ -250,6 +254,53 @@ def load_checkpoint(
     return LoadedCheckpoint(
         path=path, version=int(meta["version"]), pool_state=meta["pool_state"], extra=meta["extra"]
     )
+
+
+class CheckpointManager:
+    """Checkpoints of a :class:`agentenv.trainer.learner.Learner` under one root folder.
+
+    Args:
+        root: Checkpoint root (e.g. ``run_dir / "checkpoints"``).
+        keep: Complete checkpoints kept (0 keeps all).
+    """
+
+    def __init__(self, root: Path | str, *, keep: int = 2) -> None:
+        self.root = Path(root)
+        self.keep = keep
+
+    def save(self, learner: Any, *, pool_state: Mapping[str, Any] | None = None,
+             extra: Mapping[str, Any] | None = None) -> Path:
+        """Save the learner's model, optimizer, scheduler and version atomically (see :func:`save_checkpoint`).
+
+        Raises:
+            CheckpointError: the write failed; the previous checkpoint stays the latest.
+        """
+        return save_checkpoint(
+            self.root, model=learner.model, optimizer=learner.optimizer, scheduler=learner.scheduler,
+            version=learner.version, pool_state=pool_state, extra=extra, keep=self.keep,
+        )
+
+    def load_latest(self, learner: Any) -> dict[str, Any]:
+        """Restore the newest checkpoint into ``learner`` (its ``version`` included).
+
+        Returns:
+            The checkpoint's ``extra`` dict, with its ``pool_state`` under ``"pool_state"`` when one was
+            saved through ``pool_state=`` (and not already a key of ``extra``).
+
+        Raises:
+            CheckpointError: no checkpoint under the root, or the latest one is corrupt (nothing
+                restored then).
+        """
+        if latest_checkpoint(self.root) is None:
+            raise CheckpointError(f"no checkpoint to resume from under {self.root}")
+        loaded = load_checkpoint(
+            self.root, model=learner.model, optimizer=learner.optimizer, scheduler=learner.scheduler
+        )
+        learner.version = loaded.version
+        extra = dict(loaded.extra)
+        if loaded.pool_state:
+            extra.setdefault("pool_state", loaded.pool_state)
+        return extra
 
 
 # -- helpers ---------------------------------------------------------------------------------------

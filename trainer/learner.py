@@ -141,6 +141,10 @@ class UpdateStats:
     tokens_per_second: float
     extra: dict[str, float] = field(default_factory=dict)
 
+    def to_dict(self) -> dict[str, float]:
+        """Flat scalars without a prefix (``loss``, ``grad_norm``, ``admitted_fraction``, ...)."""
+        return {k.split("/", 1)[-1]: v for k, v in self.to_metrics().items()}
+
     def to_metrics(self) -> dict[str, float]:
         """A flat dict for :class:`agentenv.trainer.metrics.MetricsWriter` (``train/...`` keys)."""
         o = self.objective
@@ -291,7 +295,9 @@ class Learner:
             for i, tid in enumerate(batch.ids):
                 s = by_id[tid].float().reshape(-1)
                 if s.numel() != int(batch.lengths[i]):
-                    raise DataError(f"trajectory {tid}: {s.numel()} scores for {int(batch.lengths[i])} tokens")
+                    raise DataError(
+                        f"trajectory {tid}: {s.numel()} scores for {int(batch.lengths[i])} policy tokens"
+                    )
                 q[i][batch.loss_mask[i]] = s
             _, admitted = bernoulli_kl_gate(q, batch.behaviour_logprobs, batch.loss_mask, self.config.delta)
         return batch, admitted
@@ -393,7 +399,7 @@ class Learner:
             grad_norm = float(norm)
             if not math.isfinite(grad_norm):
                 self.optimizer.zero_grad(set_to_none=True)
-                raise DataError(f"non-finite gradient norm {grad_norm}; batch {list(batch.ids)[:4]}... skipped")
+                raise DataError(f"non-finite gradient norm {grad_norm}; batch {list(batch.ids)[:4]} skipped")
             self.optimizer.step()
             self.scheduler.step()
             self.version += 1
@@ -534,7 +540,10 @@ def _all_reduce_stats(stats: ObjectiveStats) -> ObjectiveStats:
         return stats
     t = torch.tensor([float(getattr(stats, f)) for f in _SUM_FIELDS], dtype=torch.float64)
     torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.SUM)
-    vals = {f: (int(round(v)) if isinstance(getattr(stats, f), int) else v) for f, v in zip(_SUM_FIELDS, t.tolist())}
+    vals = {
+        f: (int(round(v)) if isinstance(getattr(stats, f), int) else v)
+        for f, v in zip(_SUM_FIELDS, t.tolist(), strict=True)
+    }
     return ObjectiveStats(**vals)
 
 

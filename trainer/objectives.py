@@ -161,7 +161,8 @@ class ObjectiveStats:
     behaviour_nll_sum: float = 0.0
 
     def __add__(self, other: ObjectiveStats) -> ObjectiveStats:
-        return ObjectiveStats(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})
+        merged = {f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)}
+        return ObjectiveStats(**merged)
 
     @property
     def admitted_fraction(self) -> float:
@@ -443,7 +444,8 @@ def flash_reinforce_loss(
     token_mask = mask
     if entropy_keep_fraction is not None:
         rows = (adv < 0) if failed is None else failed.to(device=mask.device, dtype=torch.bool).reshape(-1)
-        token_mask = entropy_filter_mask(entropies, mask, rows, entropy_keep_fraction)  # type: ignore[arg-type]
+        assert entropies is not None
+        token_mask = entropy_filter_mask(entropies, mask, rows, entropy_keep_fraction)
 
     # Per-row coefficient m_i A_i / (B T_i); zero for rejected rows.
     coef = torch.where(admitted, adv / (t_i * batch_size), zero)
@@ -593,14 +595,17 @@ def _prepare(
         bad_nonfinite = mask & ~torch.isfinite(xd)
         if bad_nonfinite.any():
             i, j = torch.nonzero(bad_nonfinite)[0].tolist()
-            raise DataError(f"{_name(i, row_ids)}: non-finite {name} {float(xd[i, j])} at policy position {j}")
+            raise DataError(
+                f"{_name(i, row_ids)}: non-finite {name} {float(xd[i, j])} at policy position {j}"
+            )
         bad_pos = mask & (xd > LOGPROB_TOL)
         if bad_pos.any():
             i, j = torch.nonzero(bad_pos)[0].tolist()
             raise DataError(f"{_name(i, row_ids)}: positive {name} {float(xd[i, j])} at policy position {j}")
     adv = _as_float(adv).to(device=logprobs.device, dtype=dtype)
     if not torch.isfinite(adv).all():
-        raise DataError(f"{_name(int(torch.nonzero(~torch.isfinite(adv))[0]), row_ids)}: non-finite advantage")
+        bad_row = int(torch.nonzero(~torch.isfinite(adv))[0])
+        raise DataError(f"{_name(bad_row, row_ids)}: non-finite advantage")
     zero = torch.zeros((), dtype=dtype, device=logprobs.device)
     lq = torch.where(mask, logprobs.to(dtype), zero)
     lp = torch.where(mask, behaviour_logprobs.detach().to(device=logprobs.device, dtype=dtype), zero)

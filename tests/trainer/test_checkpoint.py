@@ -123,3 +123,20 @@ def test_unserialisable_pool_state(tmp_path):
     with pytest.raises(CheckpointError, match="JSON"):
         a.save(tmp_path, pool_state={"x": object()})
     assert not tmp_path.exists() or os.listdir(tmp_path) == []
+
+
+def test_manager_save_and_load_latest(tmp_path):
+    a = _learner(7)
+    mgr = ckpt.CheckpointManager(tmp_path / "ck", keep=1)
+    with pytest.raises(CheckpointError, match="no checkpoint"):
+        mgr.load_latest(a)
+    a.update(make_trajectories(4, seed=7, rewards=[1, 0, 0, 1]))
+    mgr.save(a, extra={"pool": {"rate": 0.5}, "next_seed": 11})
+    a.update(make_trajectories(4, seed=8, rewards=[1, 0, 0, 1]))
+    mgr.save(a, extra={"pool": {"rate": 0.25}, "next_seed": 12}, pool_state={"n": 3})
+    assert [p.name for p in ckpt.list_checkpoints(tmp_path / "ck")] == ["v00000002"]
+    b = _learner(8)
+    extra = mgr.load_latest(b)
+    assert b.version == 2 and extra == {"pool": {"rate": 0.25}, "next_seed": 12, "pool_state": {"n": 3}}
+    for k, v in a.model.state_dict().items():
+        assert torch.equal(b.model.state_dict()[k], v)

@@ -121,6 +121,7 @@ def test_update_steps_version_and_weights_for_engine(tmp_path):
     assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
     m = st.to_metrics()
     assert m["train/version"] == 1 and m["gate/admitted_fraction"] == 1.0
+    assert st.to_dict()["admitted_fraction"] == 1.0 and st.to_dict()["loss"] == st.loss
     sd = learner.weights_for_engine()
     fresh = tiny_model(99)
     fresh.load_state_dict(sd)
