@@ -31,6 +31,7 @@ from agentenv.errors import TemplateError
 
 _SENTINEL = "\u2063agentenv-reply\u2063"  # invisible separator marks the assistant content
 _BASE_USER = "\u2063agentenv-user\u2063"
+_CONTENT = "\u2063agentenv-content\u2063"  # stands in for untrusted text that holds special-token strings
 
 
 class ChatRenderer:
@@ -52,6 +53,11 @@ class ChatRenderer:
         if not self.chat_template:
             raise TemplateError("the tokenizer has no chat template and none was given")
         self.template_errors = 0  #: prefix-property violations seen by :meth:`observation_tokens`
+        self.protected_texts = 0  #: task/observation texts that held special-token strings (kept as text)
+        added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+        self._special_strings = frozenset(getattr(tokenizer, "all_special_tokens", []) or []) | frozenset(
+            t.content for t in added.values() if getattr(t, "special", False)
+        )
         self._eot_text, self.end_of_turn_id = self._find_end_of_turn()
 
     # -- rendering helpers ------------------------------------------------------------------------
@@ -79,6 +85,27 @@ class ChatRenderer:
     def _encode(self, text: str) -> list[int]:
         """Tokenize template text (never sampled text) without adding special tokens."""
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def _encode_holding(self, text: str, content: str) -> list[int]:
+        """Tokenize ``text`` (rendered with :data:`_CONTENT` in place of ``content``) with ``content``.
+
+        ``content`` is tokenized with special-token strings split into plain text, so a tool
+        output that prints ``<|im_end|>`` cannot end a turn or forge a message.
+
+        Raises:
+            TemplateError: The template did not render the content exactly once.
+        """
+        parts = text.split(_CONTENT)
+        if len(parts) != 2:
+            raise TemplateError(
+                f"the template rendered the message content {len(parts) - 1} times, expected once"
+            )
+        self.protected_texts += 1
+        body = list(self.tokenizer(content, add_special_tokens=False, split_special_tokens=True)["input_ids"])
+        return self._encode(parts[0]) + body + self._encode(parts[1])
+
+    def _holds_special(self, content: str) -> bool:
+        return any(s in content for s in self._special_strings)
 
     def _find_end_of_turn(self) -> tuple[str, int]:
         text = self._render(
@@ -125,10 +152,12 @@ class ChatRenderer:
         Raises:
             TemplateError: The template failed to render.
         """
+        protect = self._holds_special(user_text)
         messages = ([{"role": "system", "content": system}] if system else []) + [
-            {"role": "user", "content": user_text}
+            {"role": "user", "content": _CONTENT if protect else user_text}
         ]
-        return self._encode(self._render(messages, add_generation_prompt=True, tools=tools))
+        text = self._render(messages, add_generation_prompt=True, tools=tools)
+        return self._encode_holding(text, user_text) if protect else self._encode(text)
 
     def observation_tokens(self, role: str, content: str, *, previous_reply: str | None = None) -> list[int]:
         """Delta ids that render an observation message and open the next assistant turn.
@@ -144,7 +173,8 @@ class ChatRenderer:
                 a neutral placeholder when None.
 
         Returns:
-            ``(D,)`` token ids, D = delta length in tokens.
+            ``(D,)`` token ids, D = delta length in tokens. Special-token strings inside ``content``
+            (e.g. a tool printing ``<|im_end|>``) are tokenized as plain text, never as control tokens.
 
         Raises:
             TemplateError: The template is not append-only here (counted in ``template_errors``),
@@ -153,7 +183,9 @@ class ChatRenderer:
         reply = _SENTINEL if previous_reply is None else previous_reply + _SENTINEL
         base = [{"role": "user", "content": _BASE_USER}, {"role": "assistant", "content": reply}]
         short = self._render(base, add_generation_prompt=False)
-        long = self._render([*base, {"role": role, "content": content}], add_generation_prompt=True)
+        protect = self._holds_special(content)
+        message = {"role": role, "content": _CONTENT if protect else content}
+        long = self._render([*base, message], add_generation_prompt=True)
         at = short.rfind(_SENTINEL)
         cut = at + len(_SENTINEL)
         if at < 0 or not short.startswith(self._eot_text, cut):
@@ -171,7 +203,7 @@ class ChatRenderer:
                 f"chat template is not append-only: adding a {role!r} message changes earlier text "
                 f"at character {diverge} (...{short[max(0, diverge - 40) : diverge + 40]!r})"
             )
-        return self._encode(long[cut:])
+        return self._encode_holding(long[cut:], content) if protect else self._encode(long[cut:])
 
     def decode(self, ids: Sequence[int], *, keep_special: bool = False) -> str:
         """Text of ``ids`` for the environment (tool-call parsing, grading) and logs.
