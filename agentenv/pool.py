@@ -230,12 +230,12 @@ class TrajectoryPool:
         if scoring:
             self._older.append(_older_tokens(traj))
 
-    def _remove(self, keep: np.ndarray, removed: list[Trajectory]) -> None:
+    def _remove(self, keep: np.ndarray, removed_ids: list[str]) -> None:
         n = len(self._trajs)
         m = int(keep.sum())
         for c in self._cols.values():
             c[:m] = c[:n][keep]
-        self._ids.difference_update(t.id for t in removed)
+        self._ids.difference_update(removed_ids)
         flags = keep.tolist()
         self._trajs = list(itertools.compress(self._trajs, flags))
         if self._older:
@@ -351,7 +351,7 @@ class TrajectoryPool:
         dec.rejected_count = len(rejected)
         if chosen.shape[0] or reject.shape[0]:
             keep[chosen] = False
-            self._remove(keep, batch + rejected)
+            self._remove(keep, dec.sel_ids + dec.rej_ids)
             self._step += 1
         requeue = [t.task_id for t in rejected] if cfg.requeue_rejected else []
         return BatchSelection(batch, rejected, dec, scores, requeue)
