@@ -23,7 +23,6 @@ import importlib
 import json
 import logging
 import os
-import queue
 import select
 import subprocess
 import sys
@@ -258,36 +257,46 @@ class Grader:
         self._fn_path = _fn_path(verify_fn)  # a fresh interpreter: no fork of a threaded process
         self._start_timeout_s = start_timeout_s
         self._max = workers
-        self._idle: queue.Queue[_Worker] = queue.Queue()
+        self._idle: list[_Worker] = []
         self._count = 0
-        self._lock = threading.Lock()
+        self._cond = threading.Condition()
         self._closed = False
         self.timeouts = 0  #: deadline kills so far
         self.restarts = 0  #: workers started after the first
 
     def _take(self) -> _Worker:
-        with self._lock:
-            try:
-                return self._idle.get_nowait()
-            except queue.Empty:
-                pass
-            create = self._count < self._max
-            if create:
-                self._count += 1
-        if create:
-            try:
-                return _Worker(self._fn_path, self._start_timeout_s)
-            except BaseException:
-                with self._lock:
-                    self._count -= 1
-                raise
-        return self._idle.get()
+        """An idle worker, a new one while fewer than ``workers`` exist, else wait for either."""
+        with self._cond:
+            while True:
+                if self._idle:
+                    return self._idle.pop()
+                if self._count < self._max:
+                    self._count += 1
+                    break
+                self._cond.wait()
+        try:
+            return _Worker(self._fn_path, self._start_timeout_s)
+        except BaseException:
+            with self._cond:
+                self._count -= 1
+                self._cond.notify()
+            raise
+
+    def _give_back(self, worker: _Worker) -> None:
+        with self._cond:
+            if not self._closed:
+                self._idle.append(worker)
+                self._cond.notify()
+                return
+        self._drop(worker)
 
     def _drop(self, worker: _Worker) -> None:
+        """Kill ``worker``; a waiting caller may then start a fresh one."""
         worker.kill()
-        with self._lock:
+        with self._cond:
             self._count -= 1
             self.restarts += 1
+            self._cond.notify()
 
     def grade(
         self, response_text: str, ground_truth: str | int | float | Sequence[str], *, timeout_s: float = 5.0
@@ -328,10 +337,7 @@ class Grader:
             return GradeResult(
                 False, extracted, f"grader crashed: {type(exc).__name__}", time.perf_counter() - t0
             )
-        if self._closed:
-            self._drop(worker)
-        else:
-            self._idle.put(worker)
+        self._give_back(worker)
         return GradeResult(bool(correct), extracted, str(reason), time.perf_counter() - t0)
 
     async def grade_async(
@@ -341,13 +347,11 @@ class Grader:
         return await asyncio.to_thread(self.grade, response_text, ground_truth, timeout_s=timeout_s)
 
     def close(self) -> None:
-        """Kill every worker. Safe to call twice."""
-        self._closed = True
-        while True:
-            try:
-                w = self._idle.get_nowait()
-            except queue.Empty:
-                break
+        """Kill every idle worker now and busy ones when they finish. Safe to call twice."""
+        with self._cond:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for w in idle:
             w.kill()
 
     def __enter__(self) -> Grader:

@@ -121,3 +121,25 @@ def test_grader_output_does_not_corrupt_the_protocol() -> None:
     with Grader(workers=1, verify_fn=printing_verify) as g:
         assert g.grade("\\boxed{1}", "1", timeout_s=30).correct
         assert not g.grade("\\boxed{2}", "1", timeout_s=30).correct
+
+
+def test_waiting_caller_gets_a_fresh_worker_after_a_timeout_kill() -> None:
+    with Grader(workers=1, verify_fn=slow_verify) as g:
+        g.grade("\\boxed{1}", "1", timeout_s=30)  # start the only worker
+        results: dict[str, object] = {}
+
+        def hang() -> None:
+            results["hang"] = g.grade("\\boxed{hang}", "1", timeout_s=1.0)
+
+        def fine() -> None:
+            time.sleep(0.2)  # queue behind the hanging call
+            results["fine"] = g.grade("\\boxed{1}", "1", timeout_s=30)
+
+        ts = [threading.Thread(target=hang), threading.Thread(target=fine)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(timeout=60)
+        assert not any(t.is_alive() for t in ts), "a caller waiting for a worker was never woken"
+        assert results["hang"].reason.startswith("timeout")
+        assert results["fine"].correct  # waiting for a worker did not count against its deadline
