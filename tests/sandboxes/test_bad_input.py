@@ -285,10 +285,9 @@ def test_bwrap_binds_only_what_it_needs():
 async def test_docker_container_is_locked_down():
     from agentenv.sandboxes import create_sandbox
 
-    from .conftest import LIMITS, skip_reason
+    from .conftest import LIMITS, require
 
-    if skip_reason("docker"):
-        pytest.skip(f"docker backend unavailable here: {skip_reason('docker')}")
+    require("docker")
 
     sb = await create_sandbox("docker", LIMITS)
     try:

@@ -164,8 +164,9 @@ def test_build_image_finds_the_built_image(capsys):
     from agentenv.sandboxes.cli import main
     from agentenv.sandboxes.image import IMAGE
 
-    if available_backends()["docker"]:
-        pytest.skip(f"docker backend unavailable here: {available_backends()['docker']}")
+    from .conftest import require
+
+    require("docker")
     assert main(["build-image"]) == 0
     out = capsys.readouterr()
     assert out.out.strip() == IMAGE and "already built" in out.err
