@@ -178,6 +178,21 @@ class SimResult:
         """Optimizer steps per simulated hour."""
         return self.updates / self.sim_time_s * 3600.0 if self.sim_time_s > 0 else 0.0
 
+    def histograms(self, bin_width: float = 0.5) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """``{"gs"|"ws"|"s": (counts, edges)}``: staleness histograms with ``bin_width``-version bins from 0.
+
+        Raises:
+            ConfigError: ``bin_width <= 0``.
+        """
+        if not bin_width > 0:
+            raise ConfigError(f"bin_width must be > 0, got {bin_width}")
+        out = {}
+        for name, a in (("gs", self.gs), ("ws", self.ws), ("s", self.s)):
+            top = float(a.max()) if a.size else 0.0
+            edges = np.arange(0.0, top + 2 * bin_width, bin_width)
+            out[name] = np.histogram(a, bins=edges)
+        return out
+
     def summary(self) -> dict[str, float]:
         """Scalar figures: means and percentiles of GS, WS, S; occupancy; rejection; utilization."""
         def pct(a: np.ndarray, q: float) -> float:

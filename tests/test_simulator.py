@@ -77,6 +77,17 @@ def test_conservation_and_trajectory_invariants(runs):
     assert kept_prefix > 0
 
 
+def test_histograms_cover_every_consumed_trajectory(runs):
+    r = runs["pace"][1]
+    h = r.histograms(bin_width=0.5)
+    for name in ("gs", "ws", "s"):
+        counts, edges = h[name]
+        assert counts.sum() == r.consumed and edges[0] == 0.0 and np.allclose(np.diff(edges), 0.5)
+    assert runs["sync"][1].histograms()["s"][0][0] == runs["sync"][1].consumed  # all in [0, 0.5)
+    with pytest.raises(ConfigError):
+        r.histograms(0)
+
+
 def test_decisions_are_logged(runs):
     sim, r = runs["pace"]
     assert len(sim.decisions) == len(r.occupancy_at_select)
