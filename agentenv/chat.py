@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from agentenv.errors import TemplateError
+from agentenv.errors import ConfigError, TemplateError
 
 _SENTINEL = "\u2063agentenv-reply\u2063"  # invisible separator marks the assistant content
 _BASE_USER = "\u2063agentenv-user\u2063"
@@ -41,13 +41,25 @@ class ChatRenderer:
         tokenizer: A Hugging Face tokenizer (``apply_chat_template``, ``__call__``, ``decode``).
         chat_template: Jinja template to use instead of the tokenizer's own (e.g. a tool-aware
             ChatML template for a model whose bundled one ignores tools).
+        on_prefix_violation: What :meth:`observation_tokens` does when adding the message changes
+            how the template renders earlier turns (counted in ``template_errors`` either way):
+            ``"raise"`` a :class:`~agentenv.errors.TemplateError`, or ``"append"``: keep the ids the
+            model conditioned on and append the text that follows the assistant turn's end-of-turn
+            token in the longer rendering (Qwen3 adds empty think tags to the last assistant turn
+            only; history is never re-rendered, so only the delta matters).
 
     Raises:
         TemplateError: No template is given and the tokenizer has none, or the template does not
             mark an end of the assistant turn.
+        ConfigError: Unknown ``on_prefix_violation``.
     """
 
-    def __init__(self, tokenizer: Any, chat_template: str | None = None) -> None:
+    def __init__(
+        self, tokenizer: Any, chat_template: str | None = None, *, on_prefix_violation: str = "raise"
+    ) -> None:
+        if on_prefix_violation not in ("raise", "append"):
+            raise ConfigError(f"on_prefix_violation must be 'raise' or 'append', got {on_prefix_violation!r}")
+        self.on_prefix_violation = on_prefix_violation
         self.tokenizer = tokenizer
         self.chat_template = chat_template or getattr(tokenizer, "chat_template", None)
         if not self.chat_template:
@@ -177,8 +189,9 @@ class ChatRenderer:
             (e.g. a tool printing ``<|im_end|>``) are tokenized as plain text, never as control tokens.
 
         Raises:
-            TemplateError: The template is not append-only here (counted in ``template_errors``),
-                or it failed to render.
+            TemplateError: The template is not append-only here (counted in ``template_errors``)
+                and ``on_prefix_violation`` is ``"raise"`` or the delta cannot be located, or the
+                template failed to render.
         """
         reply = _SENTINEL if previous_reply is None else previous_reply + _SENTINEL
         base = [{"role": "user", "content": _BASE_USER}, {"role": "assistant", "content": reply}]
@@ -194,6 +207,16 @@ class ChatRenderer:
         cut += len(self._eot_text)
         if long[:cut] != short[:cut]:
             self.template_errors += 1
+            at_long = long.rfind(_SENTINEL)
+            cut_long = at_long + len(_SENTINEL)
+            if (
+                self.on_prefix_violation == "append"
+                and at_long >= 0
+                and long.startswith(self._eot_text, cut_long)
+            ):
+                # Keep the ids the model conditioned on; append what follows the assistant turn.
+                delta = long[cut_long + len(self._eot_text) :]
+                return self._encode_holding(delta, content) if protect else self._encode(delta)
             diverge = (
                 next(i for i, (a, b) in enumerate(zip(long, short, strict=False)) if a != b)
                 if long[:cut]

@@ -155,3 +155,23 @@ def test_special_token_strings_in_observations_stay_text(tokenizer) -> None:
     assert r.observation_tokens("tool", "fine") == ChatRenderer(tokenizer, CHATML_TOOLS).observation_tokens(
         "tool", "fine"
     )
+
+
+def test_qwen3_like_template_raises_or_appends(tokenizer) -> None:
+    # Adds empty think tags to the LAST assistant turn only, like Qwen3: not append-only.
+    template = (TEMPLATES / "qwen3_like.jinja").read_text()
+    strict = ChatRenderer(tokenizer, template)
+    with pytest.raises(TemplateError, match="not append-only"):
+        strict.observation_tokens("tool", "42")
+    lenient = ChatRenderer(tokenizer, template, on_prefix_violation="append")
+    delta = lenient.observation_tokens("tool", "42")
+    assert (
+        lenient.decode(delta, keep_special=True)
+        == "\n<|im_start|>tool\n42<|im_end|>\n<|im_start|>assistant\n"
+    )
+    assert lenient.template_errors == 1
+    # A template that drops the earlier content cannot be appended to either way.
+    with pytest.raises(TemplateError):
+        ChatRenderer(tokenizer, REWRITING, on_prefix_violation="append").observation_tokens("user", "x")
+    with pytest.raises(ValueError):
+        ChatRenderer(tokenizer, template, on_prefix_violation="ignore")
