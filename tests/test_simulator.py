@@ -73,6 +73,13 @@ def test_conservation_and_trajectory_invariants(runs):
         assert vs == sorted(vs) and max(vs) <= t.completion_version and t.start_version <= min(vs)
         assert all(s.prefix_version <= s.version for s in t.segments)
         kept_prefix += any(s.prefix_version < s.version for s in t.segments)  # KEEP-mode continuation
+        first = t.segments[0]
+        assert first.prefix_version == first.version
+        for prev, s in zip(t.segments, t.segments[1:], strict=False):
+            if s.start == prev.end:  # interrupted mid-turn: new version, KV cache (prefix) kept
+                assert s.version > prev.version and s.prefix_version == prev.prefix_version
+            else:  # a new turn after a tool call: prefix recomputed under the current weights
+                assert s.prefix_version == s.version
         assert t.generation_staleness() >= 0
     assert kept_prefix > 0
 
@@ -126,3 +133,26 @@ def test_config_errors():
         SimConfig(gamma=-1.0)
     with pytest.raises(ConfigError):
         simulate(SimConfig(policy="all"))
+
+
+def test_hand_computed_interrupts_keep_prefix_version():
+    # 2 slots, 100 tokens in one turn at 10 tok/s, 4 s per update, no sync pause, B = 1.
+    # t=0..10: two episodes under v0, complete at t=10 (v_c=0); the learner trains on the first 10->14,
+    # on the second 14->18 (WS = 1). Episodes 3, 4 start at t=10: 40 tokens under v0, 40 under v1
+    # (update at 14), 20 under v2 (update at 18), prefix kept from v0; complete at t=20 with v_c=2:
+    # GS = (40*2 + 40*1 + 20*0)/100 = 1.2. The run stops at the 4th completion, after the 3rd is taken.
+    cfg = SimConfig(
+        policy="none", batch_size=1, concurrency=2, num_trajectories=4, tokens_mean=100, tokens_sigma=0.0,
+        turns_mean=1.0, slot_tokens_per_s=10.0, engine_tokens_per_s=1e6, train_step_s=4.0,
+        weight_sync_s=0.0, prompt_tokens=1, obs_tokens=0,
+    )
+    sim = _Sim(cfg, keep_decisions=False)
+    r = sim.run()
+    np.testing.assert_allclose(r.gs, [0.0, 0.0, 1.2])
+    np.testing.assert_allclose(r.ws, [0.0, 1.0, 0.0])
+    assert r.sim_time_s == pytest.approx(20.0) and r.updates == 2
+    (last,) = sim.pool.trajectories
+    assert [(s.num_tokens, s.version, s.prefix_version) for s in last.segments] == [
+        (40, 0, 0), (40, 1, 0), (20, 2, 0)]
+    assert last.completion_version == 2 and last.start_version == 0
+    assert r.trainer_busy == pytest.approx(8 / 20)
