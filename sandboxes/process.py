@@ -1,10 +1,12 @@
 """The ``process`` backend: the worker as a plain subprocess under rlimits (the last resort).
 
-As root the worker starts as root only to enter a new network and mount namespace (no network; private
-tmpfs on /tmp, /var/tmp and /dev/shm, /tmp being its work folder), then drops to a private
-unprivileged uid (RLIMIT_NPROC is ignored for root) with no-new-privileges, and sets RLIMIT_AS,
-RLIMIT_CPU, RLIMIT_NPROC and RLIMIT_FSIZE. Not as root it gets the rlimits (no NPROC, which would count
-the user's own processes) and a temporary work folder only; :attr:`isolation` says which.
+As root the worker starts as root only to enter a new network and mount namespace (no network; the
+root mount read-only; private tmpfs on /tmp, /var/tmp, /dev/shm and /run/lock, /tmp being its work
+folder), then drops to a private unprivileged uid (RLIMIT_NPROC is ignored for root) with
+no-new-privileges, and sets RLIMIT_AS, RLIMIT_CPU, RLIMIT_NPROC and RLIMIT_FSIZE. World-readable host
+files stay readable: use bwrap or docker for filesystem isolation. Not as root it gets the rlimits
+(no NPROC, which would count the user's own processes) and a temporary work folder only;
+:attr:`isolation` says which.
 """
 
 from __future__ import annotations
@@ -82,7 +84,12 @@ class ProcessLauncher:
         parts = ["rlimits AS/CPU/FSIZE" + ("/NPROC" if hello.get("uid", 0) != 0 and is_root() else "")]
         parts.append(f"uid {hello.get('uid')}")
         parts.append("no network (netns)" if hello.get("netns") else "network NOT isolated")
-        parts.append("private /tmp (mountns)" if hello.get("mountns") else "host filesystem visible")
+        if hello.get("mountns"):
+            ro = "read-only" if hello.get("rootro") else "writable per permissions"
+            parts.append(f"private tmpfs /tmp (mountns), root mount {ro}")
+            parts.append("world-readable host files visible")
+        else:
+            parts.append("host filesystem visible")
         return "process: " + ", ".join(parts)
 
 

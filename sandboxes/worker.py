@@ -12,9 +12,10 @@ Protocol (all integers big-endian):
     worker -> host, one per snippet:      {"status": "ok"|"error"|"oom", "stdout": str, "stderr": str,
                                            "error": str, "truncated": bool}
 
-Start-up (config keys, all optional): ``unshare`` (root only: new mount + network namespace, private
-tmpfs on /tmp, /var/tmp, /dev/shm), ``uid`` (drop to this uid/gid, root only), ``rlimits``
-(``{"AS": bytes, "NPROC": n, "FSIZE": bytes, "CPU": seconds}``), ``workdir`` (chdir there).
+Start-up (config keys, all optional): ``unshare`` (root only: new mount + network namespace, the
+root mount read-only, private tmpfs on /tmp, /var/tmp, /dev/shm, /run/lock), ``uid`` (drop to this
+uid/gid, root only), ``rlimits`` (``{"AS": bytes, "NPROC": n, "FSIZE": bytes, "CPU": seconds}``),
+``workdir`` (chdir there).
 
 Snippet output written through ``sys.stdout``/``sys.stderr`` is kept in memory up to the cap; output
 written to file descriptors 1 and 2 directly (``os.write``, child processes) lands in memory files
@@ -35,7 +36,8 @@ import traceback
 _HEADER = struct.Struct(">I")
 _CLONE_NEWNS = 0x00020000
 _CLONE_NEWNET = 0x40000000
-_MS_NOSUID, _MS_NODEV, _MS_REC, _MS_PRIVATE = 2, 4, 16384, 1 << 18
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_REMOUNT = 1, 2, 4, 32
+_MS_BIND, _MS_REC, _MS_PRIVATE = 4096, 16384, 1 << 18
 _PR_SET_CHILD_SUBREAPER, _PR_SET_NO_NEW_PRIVS = 36, 38
 _WORKER_PID = [0]
 
@@ -50,12 +52,15 @@ def _libc():
 def _setup(cfg):
     """Apply namespaces, uid, rlimits and working folder; return what was achieved."""
     libc = _libc()
-    got = {"netns": False, "mountns": False}
+    got = {"netns": False, "mountns": False, "rootro": False}
     if cfg.get("unshare") and os.geteuid() == 0 and libc is not None:
         if libc.unshare(_CLONE_NEWNS | _CLONE_NEWNET) == 0:
             got["netns"] = got["mountns"] = True
             libc.mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE, None)
-            for path in (b"/tmp", b"/var/tmp", b"/dev/shm"):
+            # the root mount read-only in this namespace only; then private writable tmpfs folders
+            flags = _MS_REMOUNT | _MS_BIND | _MS_RDONLY
+            got["rootro"] = libc.mount(b"none", b"/", None, flags, None) == 0
+            for path in (b"/tmp", b"/var/tmp", b"/dev/shm", b"/run/lock"):
                 if os.path.isdir(path):
                     opts = b"size=%d,mode=1777" % int(cfg.get("tmpfs_bytes", 64 << 20))
                     libc.mount(b"tmpfs", path, b"tmpfs", _MS_NOSUID | _MS_NODEV, opts)
