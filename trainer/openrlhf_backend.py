@@ -385,7 +385,7 @@ class OpenRLHFLearner:
         offset = _shard_offset(batch.num_rows, self.rank, self.world_size)
         scale = float(self.gas * self.world_size)  # undo DeepSpeed's 1/gas and 1/dp (module doc)
         filt = cfg.entropy_keep_fraction if cfg.objective == "flash_reinforce" else None
-        stats = ObjectiveStats()
+        stats, norm = ObjectiveStats(), 0.0
         self.engine.train()
         for step in range(self.gas):
             if step < len(micro):
@@ -408,8 +408,13 @@ class OpenRLHFLearner:
                 lp, _ = token_logprobs(self.engine, batch.select([0]).to(self.device))
                 loss = lp.sum() * 0.0
             self.strategy.backward(loss * scale, self.engine, self.optimizer)
+            if step == self.gas - 1 and self.backend.zero_stage == 0:
+                # Without ZeRO DeepSpeed does not record the norm; the reduced gradients sit in .grad.
+                norm = _grad_norm(self.engine.module.parameters())
             self.strategy.optimizer_step(self.optimizer, self.engine, None)
-        return stats, float(self.strategy.get_grad_norm(self.engine))
+        if self.backend.zero_stage != 0:
+            norm = float(self.strategy.get_grad_norm(self.engine))
+        return stats, norm
 
     # -- weights ----------------------------------------------------------------------------------
     def weights_for_engine(self, path: Path | str | None = None) -> dict[str, torch.Tensor] | Path:
@@ -458,6 +463,12 @@ class OpenRLHFLearner:
         parts: list[Any] = [None] * self.world_size
         dist.all_gather_object(parts, obj)
         return parts
+
+
+def _grad_norm(params: Any) -> float:
+    """Global L2 norm of the ``.grad`` of ``params`` (float64 accumulation)."""
+    sq = sum(float(p.grad.double().pow(2).sum()) for p in params if p.grad is not None)
+    return math.sqrt(sq)
 
 
 def _shard_offset(rows: int, rank: int, world: int) -> int:

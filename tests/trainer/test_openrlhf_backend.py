@@ -124,13 +124,13 @@ def test_config_errors():
     assert OpenRLHFBackendConfig(rows_per_update=8).grad_accumulation_steps(2, 2) == 2
 
 
-def _rank_bad_input(rank: int):
+def _rank_bad_input_then_zero0_update(rank: int, batches):
     from agentenv.trainer.openrlhf_backend import OpenRLHFLearner
 
-    learner = OpenRLHFLearner(tiny_model(0), OPTIM, OpenRLHFBackendConfig(rows_per_update=2, zero_stage=0))
+    learner = OpenRLHFLearner(tiny_model(0), OPTIM, OpenRLHFBackendConfig(rows_per_update=4, zero_stage=0))
     before = learner.weights_for_engine()
     errors = []
-    too_many = make_trajectories(3, seed=5)
+    too_many = make_trajectories(5, seed=5)
     bad = make_trajectories(2, seed=6, rewards=[0, 1])
     bad[1].behaviour_logprobs[-1] = float("nan")
     equal = make_trajectories(2, seed=7, rewards=[1, 1])
@@ -141,10 +141,22 @@ def _rank_bad_input(rank: int):
             errors.append(str(e))
     skipped = learner.update(equal)  # all advantages 0: no step, version unchanged
     after = learner.weights_for_engine()
-    return errors, skipped.stepped, skipped.version, all(torch.equal(before[k], after[k]) for k in before)
+    unchanged = all(torch.equal(before[k], after[k]) for k in before)
+    # the learner survived: real ZeRO-0 updates on the shared batches
+    out = []
+    for batch in batches:
+        st = learner.update(batch)
+        out.append((st.version, st.stepped, st.grad_norm, st.objective.admitted, st.objective.rows, st.loss))
+    res = {"before": before, "after": learner.weights_for_engine(), "updates": out}
+    return errors, skipped.stepped, skipped.version, unchanged, res, type(learner.engine.optimizer).__name__
 
 
-def test_bad_input_is_refused_and_weights_untouched():
-    ((errors, stepped, version, unchanged),) = run_cpu_data_parallel(_rank_bad_input, world_size=1, timeout_s=300)
-    assert len(errors) == 2 and "rows_per_update=2" in errors[0] and "traj6-1" in errors[1]
+def test_bad_input_is_refused_then_zero0_updates_match():
+    batches = _batches()
+    ((errors, stepped, version, unchanged, res, opt),) = run_cpu_data_parallel(
+        functools.partial(_rank_bad_input_then_zero0_update, batches=batches), world_size=1, timeout_s=300
+    )
+    assert len(errors) == 2 and "rows_per_update=4" in errors[0] and "traj6-1" in errors[1]
     assert stepped is False and version == 0 and unchanged
+    assert opt == "AdamW"  # ZeRO-0 fp32: DeepSpeed steps torch.optim.AdamW directly
+    _check_against_reference([res], batches)
