@@ -116,6 +116,8 @@ class SimConfig:
         for name in ("tokens_mean", "turns_mean", "engine_tokens_per_s", "slot_tokens_per_s", "train_step_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.tokens_mean < 1:
+            raise ConfigError(f"tokens_mean must be >= 1 token, got {self.tokens_mean}")
         if self.turns_mean < 1:
             raise ConfigError(f"turns_mean must be >= 1, got {self.turns_mean}")
         for name in ("tokens_sigma", "tool_latency_mean_s", "tool_latency_sigma", "weight_sync_s",
@@ -278,8 +280,8 @@ class _Sim:
         else:
             task, self.next_task = f"task-{self.next_task}", self.next_task + 1
         mu = math.log(cfg.tokens_mean) - cfg.tokens_sigma**2 / 2
-        total = int(min(cfg.tokens_max, max(1.0, rng.lognormal(mu, cfg.tokens_sigma)))) if cfg.tokens_sigma \
-            else int(min(cfg.tokens_max, cfg.tokens_mean))
+        drawn = rng.lognormal(mu, cfg.tokens_sigma) if cfg.tokens_sigma else cfg.tokens_mean
+        total = int(min(cfg.tokens_max, max(1.0, drawn)))
         n_turns = min(total, 1 + int(rng.poisson(cfg.turns_mean - 1)))
         base, extra = divmod(total, n_turns)
         turns = [base + (1 if i < extra else 0) for i in range(n_turns)]

@@ -133,6 +133,8 @@ def test_config_errors():
     with pytest.raises(ConfigError):
         SimConfig(gamma=-1.0)
     with pytest.raises(ConfigError):
+        SimConfig(tokens_mean=0.5)
+    with pytest.raises(ConfigError):
         simulate(SimConfig(policy="all"))
 
 
