@@ -101,6 +101,7 @@ class WorkerSandbox:
         self._next: asyncio.Task | None = None
         self._lock = asyncio.Lock()
         self._closed = False
+        self._background: set[asyncio.Task] = set()
         self.calls = 0  #: snippets run so far (a pool never hands out a sandbox with calls > 0)
         self.replacements = 0  #: workers replaced after a timeout, crash or OOM
 
@@ -159,6 +160,9 @@ class WorkerSandbox:
             try:
                 await handle.channel.send({"code": code, "cap": self.limits.output_bytes})
                 resp = await asyncio.wait_for(handle.channel.receive(), timeout)
+            except asyncio.CancelledError:
+                self._abandon()  # the snippet may still run: its answer must never reach a later call
+                raise
             except asyncio.TimeoutError:
                 return await self._replace(
                     ExecResult(ExecStatus.TIMEOUT, error=f"TimeoutError: the snippet passed {timeout:g} s",
@@ -192,6 +196,17 @@ class WorkerSandbox:
             self._next = asyncio.create_task(self._launcher.start())
         return result
 
+    def _abandon(self) -> None:
+        """On cancellation: kill the worker in the background and start its replacement."""
+        handle, self._handle = self._handle, None
+        self.replacements += 1
+        if handle is not None:
+            task = asyncio.create_task(self._launcher.kill(handle))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+        if not self._closed and self._next is None:
+            self._next = asyncio.create_task(self._launcher.start())
+
     async def close(self) -> None:
         """Kill the worker, its replacement (if starting) and everything they started. Idempotent."""
         if self._closed:
@@ -204,6 +219,9 @@ class WorkerSandbox:
         if task is not None:
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await self._launcher.kill(await task)
+        for bg in list(self._background):
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await bg
 
     async def __aenter__(self) -> WorkerSandbox:
         return await self.start()

@@ -300,3 +300,17 @@ async def test_docker_container_is_locked_down():
         assert set(host["Tmpfs"]) == {"/work", "/tmp"} and cfg["User"] == "65534:65534"
     finally:
         await sb.close()
+
+
+async def test_cancelled_call_never_leaks_its_answer_into_the_next(sandbox):
+    await sandbox.run("x = 1")
+    task = asyncio.create_task(sandbox.run("import time\ntime.sleep(0.5)\nprint('stale')", timeout_s=30))
+    await asyncio.sleep(0.2)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    r = await sandbox.run("print('fresh')")
+    assert r.status is ExecStatus.OK and r.stdout == "fresh\n"
+    await asyncio.sleep(0.6)  # the abandoned snippet would have finished by now
+    r = await sandbox.run("print('x' in globals())")
+    assert r.stdout == "False\n"  # the worker was replaced: state lost, nothing stale read
