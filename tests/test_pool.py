@@ -319,3 +319,28 @@ def test_version_change_invalidates_drift():
         del OLDER_DIFFS["F"]
     assert scorer.calls == [["B", "C", "D"], ["C"]]
     assert ids(sel.batch) == ["C"] and sel.decision.sel["ws"][0] == 3
+
+
+def test_columns_match_trajectory_methods_on_random_pools():
+    rng = np.random.default_rng(7)
+    trajs = []
+    for i in range(60):
+        v0 = int(rng.integers(0, 5))
+        segs, v = [], v0
+        for _ in range(int(rng.integers(1, 4))):
+            segs.append((int(rng.integers(1, 9)), v))
+            v += int(rng.integers(0, 3))
+        trajs.append(make_traj(f"r{i}", v + int(rng.integers(0, 2)), segs))
+    v_now = 12
+    for cfg, check in [
+        (StalenessConfig(policy="none"), lambda t: t.staleness(v_now)),
+        (StalenessConfig(policy="max_lag", max_lag=99, max_lag_measure="max"),
+         lambda t: v_now - min(t.token_versions())),
+        (StalenessConfig(policy="pace", drift_mode="token_share", beta=0.0, target_occupancy=60),
+         lambda t: t.waiting_staleness(v_now) + t.older_segment_token_share() * t.generation_staleness()),
+    ]:
+        sel = pool_of(cfg, trajs).select_batch(60, v_now)
+        assert ids(sel.batch) == ids(trajs)
+        np.testing.assert_allclose(sel.decision.sel["gs"], [t.generation_staleness() for t in trajs])
+        np.testing.assert_allclose(sel.decision.sel["ws"], [t.waiting_staleness(v_now) for t in trajs])
+        np.testing.assert_allclose(sel.decision.sel["s_eff"], [check(t) for t in trajs])
