@@ -58,7 +58,8 @@ _agentenv_install_docker() {
 
     if ! _agentenv_ping; then
         for drv in overlay2 vfs; do
-            if [ -f "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null; then
+            # a daemon of ours that does not answer (checked by name: the pid may have been reused)
+            if [ -f "$pidfile" ] && [ "$(cat "/proc/$(cat "$pidfile")/comm" 2>/dev/null)" = dockerd ]; then
                 kill "$(cat "$pidfile")" 2>/dev/null; sleep 2
             fi
             rm -f "$sock" "$pidfile"
