@@ -84,6 +84,16 @@ async def main(args: argparse.Namespace) -> None:
     # warm-up (allocator, kernels)
     warm = TransformersEngine(model)
     await engine_run(warm, prompts(2, args.prompt_tokens, vocab), 4)
+    # sanity: the engine's behaviour log-probs equal a full forward pass of the same weights
+    check = prompts(4, args.prompt_tokens, vocab, seed=7)
+    outs = await asyncio.gather(*[warm.generate(p, SamplingParams(max_new_tokens=16, seed=i)) for i, p in enumerate(check)])
+    worst = 0.0
+    for p, o in zip(check, outs):
+        with torch.inference_mode():
+            logits = model(torch.tensor([p + o.token_ids], device=args.device)).logits[0, len(p) - 1 : -1].float()
+        ref = logits.log_softmax(-1).gather(1, torch.tensor(o.token_ids, device=args.device)[:, None])[:, 0]
+        worst = max(worst, (ref.cpu() - torch.tensor(o.logprobs)).abs().max().item())
+    print(f"logprob check: max |engine - full forward| = {worst:.2e} nats ({args.dtype})")
     await warm.close()
     generate_run(model, prompts(2, args.prompt_tokens, vocab), 4, args.device)
 

@@ -65,14 +65,16 @@ def _spans(marks: list[tuple[int, int, int]], n: int) -> list[TokenSpan]:
 class VLLMEngine:
     """:class:`~agentenv.engines.base.GenerationEngine` on ``vllm.v1.engine.async_llm.AsyncLLM``.
 
-    Construction starts the engine (≈30 s on a CPU) and blocks.
+    Construction starts the engine (≈30 s on a CPU) and blocks. Without a GPU, torch.compile is off by
+    default (``enforce_eager=True``, ``compilation_config={"mode": 0}``): compiling on a CPU costs minutes.
 
     Args:
-        model_path: A local transformers checkpoint folder (e.g. ``agentenv.models.default_model_dir()``).
+        model_path: A checkpoint folder, or a name :func:`agentenv.models.resolve_model_path` knows
+            (``"default"`` is the cached SmolLM2 float32 checkpoint).
         continuation: KEEP (keep old KV caches) or RECOMPUTE (re-prefill under the new weights).
         max_context_tokens: ``max_model_len`` (tokens); default from the model config.
         max_batch_size: ``max_num_seqs``.
-        dtype: ``"float32"`` on CPUs for exact log-probabilities, ``"bfloat16"`` on GPUs.
+        dtype: ``"auto"`` (the checkpoint's dtype), ``"float32"`` or ``"bfloat16"``.
         seed: Engine seed.
         version: Policy version of the initial weights.
         enable_prefix_caching: Only allowed with RECOMPUTE (see the module docstring).
@@ -91,7 +93,7 @@ class VLLMEngine:
         continuation: ContinuationMode = ContinuationMode.KEEP,
         max_context_tokens: int | None = None,
         max_batch_size: int = 32,
-        dtype: str = "float32",
+        dtype: str = "auto",
         seed: int = 0,
         version: int = 0,
         enable_prefix_caching: bool = False,
@@ -106,7 +108,14 @@ class VLLMEngine:
         self._continuation = ContinuationMode(continuation)
         if enable_prefix_caching and self._continuation is ContinuationMode.KEEP:
             raise ConfigError("prefix caching with KEEP continuation could reuse KV blocks of older weights")
-        self._model_path = Path(model_path)
+        from agentenv.models import resolve_model_path
+
+        self._model_path = resolve_model_path(model_path)
+        model_path = self._model_path
+        if not torch.cuda.is_available():
+            engine_kwargs.setdefault("enforce_eager", True)
+            engine_kwargs.setdefault("compilation_config", {"mode": 0})
+        self._owned_dir: Path | None = None  # set by from_model
         args = AsyncEngineArgs(
             model=str(model_path),
             tokenizer=str(model_path),
@@ -131,6 +140,26 @@ class VLLMEngine:
         self._weights_dir: Path | None = None  # temp folder of the serving version's weights
         self._serving_path = self._model_path
         self._closed = False
+
+    @classmethod
+    def from_model(cls, model: torch.nn.Module, tokenizer: Any, **kwargs: Any) -> VLLMEngine:
+        """Start an engine serving an in-memory transformers model (written to a temporary folder first).
+
+        Args:
+            model: A transformers causal LM (its weights become version ``kwargs.get("version", 0)``).
+            tokenizer: Its tokenizer (saved beside the weights).
+            **kwargs: Passed to the constructor.
+        """
+        folder = Path(tempfile.mkdtemp(prefix="agentenv-vllm-model-"))
+        try:
+            model.save_pretrained(folder)
+            tokenizer.save_pretrained(folder)
+            engine = cls(folder, **kwargs)
+        except BaseException:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
+        engine._owned_dir = folder
+        return engine
 
     @property
     def version(self) -> int:
@@ -307,5 +336,6 @@ class VLLMEngine:
         self._closed = True
         self._llm.shutdown()
         self._llm = None  # drop it now, so its __del__ does not run again at interpreter exit
-        if self._weights_dir is not None:
-            shutil.rmtree(self._weights_dir, ignore_errors=True)
+        for folder in (self._weights_dir, self._owned_dir):
+            if folder is not None:
+                shutil.rmtree(folder, ignore_errors=True)

@@ -50,8 +50,7 @@ async def test_vllm_generates_swaps_mid_generation_and_matches_transformers(monk
         for name, p in new.named_parameters():
             if ".mlp." in name:
                 p.mul_(1.05)
-    engine = VLLMEngine(path, max_context_tokens=512, max_batch_size=4, enforce_eager=True,
-                        compilation_config={"mode": 0})
+    engine = VLLMEngine("default", max_context_tokens=512, max_batch_size=4, dtype="float32")
     try:
         assert isinstance(engine, GenerationEngine) and engine.max_context_tokens == 512
 
