@@ -54,6 +54,19 @@ class Launcher(Protocol):
         ...
 
 
+def _checked(resp: dict) -> dict:
+    """The response frame with its types checked (a snippet can write to the worker's descriptors).
+
+    Raises:
+        ProtocolError: A field is missing or of the wrong type, or the status is unknown.
+    """
+    ok = resp.get("status") in ("ok", "error", "oom") and all(
+        isinstance(resp.get(k), str) for k in ("stdout", "stderr", "error"))
+    if not ok:
+        raise ProtocolError(f"malformed worker response (keys {sorted(resp)[:8]})")
+    return resp
+
+
 def check_limits(limits: SandboxLimits) -> None:
     """Raise ConfigError when a limit is out of range (every one must be positive)."""
     for name in ("timeout_s", "output_bytes", "memory_bytes", "max_processes", "cpus", "cpu_time_s"):
@@ -159,7 +172,7 @@ class WorkerSandbox:
             t0 = time.monotonic()
             try:
                 await handle.channel.send({"code": code, "cap": self.limits.output_bytes})
-                resp = await asyncio.wait_for(handle.channel.receive(), timeout)
+                resp = _checked(await asyncio.wait_for(handle.channel.receive(), timeout))
             except asyncio.CancelledError:
                 self._abandon()  # the snippet may still run: its answer must never reach a later call
                 raise
@@ -177,9 +190,9 @@ class WorkerSandbox:
                 return await self._replace(
                     ExecResult(status, error=reason, duration_s=time.monotonic() - t0, worker_replaced=True))
             duration = time.monotonic() - t0
-            status = ExecStatus(resp.get("status", "crashed"))
-            result = ExecResult(status, stdout=resp.get("stdout", ""), stderr=resp.get("stderr", ""),
-                                error=resp.get("error", ""), duration_s=duration,
+            status = ExecStatus(resp["status"])
+            result = ExecResult(status, stdout=resp["stdout"], stderr=resp["stderr"],
+                                error=resp["error"], duration_s=duration,
                                 output_truncated=bool(resp.get("truncated")),
                                 worker_replaced=status is ExecStatus.OOM)
             if status is ExecStatus.OOM:

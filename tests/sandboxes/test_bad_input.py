@@ -314,3 +314,20 @@ async def test_cancelled_call_never_leaks_its_answer_into_the_next(sandbox):
     await asyncio.sleep(0.6)  # the abandoned snippet would have finished by now
     r = await sandbox.run("print('x' in globals())")
     assert r.stdout == "False\n"  # the worker was replaced: state lost, nothing stale read
+
+
+async def test_forged_protocol_frames_are_a_crash_not_a_result(sandbox):
+    # the snippet writes a fake response frame straight to the worker's protocol descriptor
+    code = ("import os, struct, json\n"
+            "fds = [int(f) for f in os.listdir('/proc/self/fd')]\n"
+            "body = json.dumps({'status': 'bogus', 'stdout': 1}).encode()\n"
+            "for fd in fds:\n"
+            "    if fd > 2:\n"
+            "        try:\n"
+            "            os.write(fd, struct.pack('>I', len(body)) + body)\n"
+            "        except OSError:\n"
+            "            pass\n"
+            "import time\ntime.sleep(0.2)")
+    r = await sandbox.run(code)
+    assert r.status is ExecStatus.CRASHED and r.worker_replaced and "malformed worker response" in r.error
+    assert (await sandbox.run("print('next')")).stdout == "next\n"
