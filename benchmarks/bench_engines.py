@@ -38,9 +38,11 @@ def prompts(batch: int, length: int, vocab: int, seed: int = 0) -> list[list[int
 
 
 async def engine_run(engine, batch_prompts, new_tokens, update=None) -> tuple[float, float | None]:
-    params = [SamplingParams(max_new_tokens=new_tokens, temperature=1.0, seed=i) for i in range(len(batch_prompts))]
+    params = [
+        SamplingParams(max_new_tokens=new_tokens, temperature=1.0, seed=i) for i in range(len(batch_prompts))
+    ]
     start = time.perf_counter()
-    tasks = [asyncio.create_task(engine.generate(p, s)) for p, s in zip(batch_prompts, params)]
+    tasks = [asyncio.create_task(engine.generate(p, s)) for p, s in zip(batch_prompts, params, strict=True)]
     update_ms = None
     if update is not None:
         steps0 = engine.num_steps
@@ -61,8 +63,15 @@ def generate_run(model, batch_prompts, new_tokens, device) -> float:
     start = time.perf_counter()
     with torch.inference_mode():
         out = model.generate(
-            input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0, top_p=1.0,
-            top_k=0, max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=0,
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=True,
+            temperature=1.0,
+            top_p=1.0,
+            top_k=0,
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            pad_token_id=0,
         )
     sync(device)
     assert out.shape[1] == ids.shape[1] + new_tokens
@@ -79,18 +88,25 @@ async def main(args: argparse.Namespace) -> None:
         name = args.model
     vocab = model.config.vocab_size
     torch.set_grad_enabled(False)
-    print(f"model={name} device={args.device} dtype={args.dtype} prompt={args.prompt_tokens} new={args.new_tokens}")
+    print(
+        f"model={name} device={args.device} dtype={args.dtype} "
+        f"prompt={args.prompt_tokens} new={args.new_tokens}"
+    )
     print(f"torch threads={torch.get_num_threads()}")
     # warm-up (allocator, kernels)
     warm = TransformersEngine(model)
     await engine_run(warm, prompts(2, args.prompt_tokens, vocab), 4)
     # sanity: the engine's behaviour log-probs equal a full forward pass of the same weights
     check = prompts(4, args.prompt_tokens, vocab, seed=7)
-    outs = await asyncio.gather(*[warm.generate(p, SamplingParams(max_new_tokens=16, seed=i)) for i, p in enumerate(check)])
+    outs = await asyncio.gather(
+        *[warm.generate(p, SamplingParams(max_new_tokens=16, seed=i)) for i, p in enumerate(check)]
+    )
     worst = 0.0
-    for p, o in zip(check, outs):
+    for p, o in zip(check, outs, strict=True):
         with torch.inference_mode():
-            logits = model(torch.tensor([p + o.token_ids], device=args.device)).logits[0, len(p) - 1 : -1].float()
+            logits = (
+                model(torch.tensor([p + o.token_ids], device=args.device)).logits[0, len(p) - 1 : -1].float()
+            )
         ref = logits.log_softmax(-1).gather(1, torch.tensor(o.token_ids, device=args.device)[:, None])[:, 0]
         worst = max(worst, (ref.cpu() - torch.tensor(o.logprobs)).abs().max().item())
     print(f"logprob check: max |engine - full forward| = {worst:.2e} nats ({args.dtype})")
@@ -114,7 +130,10 @@ async def main(args: argparse.Namespace) -> None:
     ps = prompts(b, args.prompt_tokens, vocab, seed=99)
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     print(f"\ninterruption at mid-generation, batch {b}, {args.new_tokens} new tokens")
-    print("| mode | update_weights latency ms | batch wall s (uninterrupted) | batch wall s (interrupted) | extra ms |")
+    print(
+        "| mode | update_weights latency ms | batch wall s (uninterrupted) "
+        "| batch wall s (interrupted) | extra ms |"
+    )
     print("|---|---:|---:|---:|---:|")
     for mode in (ContinuationMode.KEEP, ContinuationMode.RECOMPUTE):
         engine = TransformersEngine(model, max_batch_size=b, continuation=mode)
@@ -124,7 +143,10 @@ async def main(args: argparse.Namespace) -> None:
             w, ms = await engine_run(engine, ps, args.new_tokens, update=state)
             wall, update_ms = min(wall, w), min(update_ms, ms)
         await engine.close()
-        print(f"| {mode.value} | {update_ms:.1f} | {base:.2f} | {wall:.2f} | {(wall - base) * 1e3:.0f} |", flush=True)
+        print(
+            f"| {mode.value} | {update_ms:.1f} | {base:.2f} | {wall:.2f} | {(wall - base) * 1e3:.0f} |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

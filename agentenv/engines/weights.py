@@ -29,7 +29,9 @@ def load_weights(weights: Mapping[str, torch.Tensor] | str | Path) -> dict[str, 
         except Exception as exc:  # safetensors raises several kinds; all mean "cannot load"
             raise WeightUpdateError(f"cannot read weights from {weights}: {exc}") from exc
     if not isinstance(weights, Mapping):
-        raise WeightUpdateError(f"weights must be a state dict or a safetensors path, got {type(weights).__name__}")
+        raise WeightUpdateError(
+            f"weights must be a state dict or a safetensors path, got {type(weights).__name__}"
+        )
     for name, t in weights.items():
         if not isinstance(t, torch.Tensor):
             raise WeightUpdateError(f"weight {name!r} is a {type(t).__name__}, not a tensor")
@@ -57,7 +59,9 @@ def check_state_dict(model: torch.nn.Module, state: Mapping[str, torch.Tensor]) 
         raise WeightUpdateError(f"{len(missing)} model weights missing from the update, e.g. {missing[:3]}")
     for name, t in state.items():
         if tuple(t.shape) != tuple(own[name].shape):
-            raise WeightUpdateError(f"weight {name!r} has shape {tuple(t.shape)}, the model needs {tuple(own[name].shape)}")
+            raise WeightUpdateError(
+                f"weight {name!r} has shape {tuple(t.shape)}, the model needs {tuple(own[name].shape)}"
+            )
         if t.is_floating_point() and not bool(torch.isfinite(t).all()):
             raise WeightUpdateError(f"weight {name!r} holds NaN or inf values")
 

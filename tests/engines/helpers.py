@@ -34,7 +34,9 @@ def full_forward_logprobs(model, prompt, tokens, temperature=1.0, top_p=1.0) -> 
 
 
 @torch.no_grad()
-def keep_mode_logprobs(models, prompt, tokens, spans: list[TokenSpan], temperature=1.0, top_p=1.0) -> torch.Tensor:
+def keep_mode_logprobs(
+    models, prompt, tokens, spans: list[TokenSpan], temperature=1.0, top_p=1.0
+) -> torch.Tensor:
     """Log-probs when span k's tokens are predicted by ``models[k]`` on a KV cache that earlier
     models computed (the input position predicting token j is processed by the model of token j)."""
     seq = list(prompt) + list(tokens)
@@ -42,7 +44,9 @@ def keep_mode_logprobs(models, prompt, tokens, spans: list[TokenSpan], temperatu
     out, start_in = [], 0
     done = 0
     for model, span in zip(models, spans, strict=True):
-        end_in = len(prompt) + done + span.num_tokens - 2  # inputs [start_in, end_in]: the last n predict this span
+        end_in = (
+            len(prompt) + done + span.num_tokens - 2
+        )  # inputs [start_in, end_in]: the last n predict this span
         ids = torch.tensor([seq[start_in : end_in + 1]])
         pos = torch.arange(start_in, end_in + 1)[None]
         kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"

@@ -42,8 +42,14 @@ def test_sample_is_reproducible_per_row_and_greedy_reports_zero():
 
 @pytest.mark.parametrize(
     "params",
-    [SamplingParams(max_new_tokens=-1), SamplingParams(temperature=-0.1), SamplingParams(top_p=1.5),
-     SamplingParams(top_p=0.0), SamplingParams(stop_token_ids=(-1,)), SamplingParams(temperature=float("nan"))],
+    [
+        SamplingParams(max_new_tokens=-1),
+        SamplingParams(temperature=-0.1),
+        SamplingParams(top_p=1.5),
+        SamplingParams(top_p=0.0),
+        SamplingParams(stop_token_ids=(-1,)),
+        SamplingParams(temperature=float("nan")),
+    ],
 )
 def test_bad_params_are_config_errors(params):
     with pytest.raises(ConfigError):

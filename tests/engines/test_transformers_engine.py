@@ -43,14 +43,16 @@ async def test_engine_satisfies_protocol():
 async def test_concurrent_requests_equal_one_at_a_time(refs):
     params = [SamplingParams(max_new_tokens=12 + 3 * i, seed=100 + i) for i in range(len(PROMPTS))]
     engine = TransformersEngine(tiny_random_model(seed=0), max_batch_size=4)  # 6 requests > 4 slots
-    batched = await asyncio.gather(*[engine.generate(p, s) for p, s in zip(PROMPTS, params)])
+    batched = await asyncio.gather(*[engine.generate(p, s) for p, s in zip(PROMPTS, params, strict=True)])
     assert engine.num_steps < sum(s.max_new_tokens for s in params)  # rows really shared steps
-    for prompt, sp, out in zip(PROMPTS, params, batched):
+    for prompt, sp, out in zip(PROMPTS, params, batched, strict=True):
         alone = await engine.generate(prompt, sp)
         assert out.token_ids == alone.token_ids
         assert len(out.token_ids) == sp.max_new_tokens and out.finish_reason == "length"
         assert out.spans == [TokenSpan(sp.max_new_tokens, 0, 0)]
-        torch.testing.assert_close(torch.tensor(out.logprobs), torch.tensor(alone.logprobs), atol=1e-4, rtol=0)
+        torch.testing.assert_close(
+            torch.tensor(out.logprobs), torch.tensor(alone.logprobs), atol=1e-4, rtol=0
+        )
         ref = full_forward_logprobs(refs[0], prompt, out.token_ids)
         torch.testing.assert_close(torch.tensor(out.logprobs), ref, atol=1e-4, rtol=0)
     await engine.close()
@@ -60,7 +62,9 @@ async def test_temperature_and_top_p_logprobs_are_the_processed_ones(refs):
     engine = TransformersEngine(tiny_random_model(seed=0))
     prompt = PROMPTS[2]
     for temp, top_p in [(0.7, 1.0), (1.3, 0.9), (0.5, 0.6)]:
-        out = await engine.generate(prompt, SamplingParams(max_new_tokens=16, temperature=temp, top_p=top_p, seed=7))
+        out = await engine.generate(
+            prompt, SamplingParams(max_new_tokens=16, temperature=temp, top_p=top_p, seed=7)
+        )
         got = torch.tensor(out.logprobs)
         assert torch.isfinite(got).all()  # every sampled token lies inside the nucleus
         ref = full_forward_logprobs(refs[0], prompt, out.token_ids, temp, top_p)
@@ -79,7 +83,9 @@ async def test_greedy_and_stop_tokens():
     assert again.token_ids == free.token_ids  # greedy is deterministic
     stop = free.token_ids[3]
     first = free.token_ids.index(stop)
-    out = await engine.generate(prompt, SamplingParams(max_new_tokens=10, temperature=0.0, stop_token_ids=(stop,)))
+    out = await engine.generate(
+        prompt, SamplingParams(max_new_tokens=10, temperature=0.0, stop_token_ids=(stop,))
+    )
     assert out.token_ids == free.token_ids[: first + 1]  # stop token included, nothing after it
     assert out.finish_reason == "stop" and not out.truncated_context
     await engine.close()
@@ -183,7 +189,10 @@ async def test_failed_update_keeps_old_version(refs, tmp_path):
         await engine.update_weights(refs[1].state_dict(), 0)
     out = await engine.generate(PROMPTS[0], SamplingParams(max_new_tokens=8, seed=2))
     torch.testing.assert_close(
-        torch.tensor(out.logprobs), full_forward_logprobs(refs[0], PROMPTS[0], out.token_ids), atol=1e-4, rtol=0
+        torch.tensor(out.logprobs),
+        full_forward_logprobs(refs[0], PROMPTS[0], out.token_ids),
+        atol=1e-4,
+        rtol=0,
     )
     # a good update from a safetensors file works afterwards, while idle
     from safetensors.torch import save_model
@@ -193,7 +202,10 @@ async def test_failed_update_keeps_old_version(refs, tmp_path):
     out = await engine.generate(PROMPTS[0], SamplingParams(max_new_tokens=8, seed=2))
     assert out.spans == [TokenSpan(8, 1, 1)]
     torch.testing.assert_close(
-        torch.tensor(out.logprobs), full_forward_logprobs(refs[1], PROMPTS[0], out.token_ids), atol=1e-4, rtol=0
+        torch.tensor(out.logprobs),
+        full_forward_logprobs(refs[1], PROMPTS[0], out.token_ids),
+        atol=1e-4,
+        rtol=0,
     )
     await engine.close()
 

@@ -20,12 +20,51 @@ from tests.engines.helpers import keep_mode_logprobs
 
 pytestmark = [
     pytest.mark.vllm,
-    pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm not installed (scripts/install_vllm.sh)"),
+    pytest.mark.skipif(
+        importlib.util.find_spec("vllm") is None, reason="vllm not installed (scripts/install_vllm.sh)"
+    ),
 ]
 
 # "<|im_start|>system ... <|im_start|>user\nWhat is 2+3?<|im_end|>\n<|im_start|>assistant\n" (SmolLM2 ids)
-PROMPT = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 3511, 308, 34519, 28, 7018, 411, 407, 19712,
-          8182, 2, 198, 1, 4093, 198, 1780, 314, 216, 34, 27, 35, 47, 2, 198, 1, 520, 9531, 198]
+PROMPT = [
+    1,
+    9690,
+    198,
+    2683,
+    359,
+    253,
+    5356,
+    5646,
+    11173,
+    3365,
+    3511,
+    308,
+    34519,
+    28,
+    7018,
+    411,
+    407,
+    19712,
+    8182,
+    2,
+    198,
+    1,
+    4093,
+    198,
+    1780,
+    314,
+    216,
+    34,
+    27,
+    35,
+    47,
+    2,
+    198,
+    1,
+    520,
+    9531,
+    198,
+]
 
 
 @torch.no_grad()
@@ -55,8 +94,9 @@ async def test_vllm_generates_swaps_mid_generation_and_matches_transformers(monk
         assert isinstance(engine, GenerationEngine) and engine.max_context_tokens == 512
 
         # 1. processed log-probs equal the transformers engine's on the same tokens; stop token kept
-        out = await engine.generate(PROMPT, SamplingParams(max_new_tokens=30, temperature=0.8, top_p=0.9, seed=3,
-                                                           stop_token_ids=(2,)))
+        out = await engine.generate(
+            PROMPT, SamplingParams(max_new_tokens=30, temperature=0.8, top_p=0.9, seed=3, stop_token_ids=(2,))
+        )
         assert out.spans == [TokenSpan(len(out.token_ids), 0, 0)]
         if out.finish_reason == "stop":
             assert out.token_ids[-1] == 2 and 2 not in out.token_ids[:-1]
@@ -86,8 +126,9 @@ async def test_vllm_generates_swaps_mid_generation_and_matches_transformers(monk
         # 3. a new request after the swap runs wholly on the new weights
         out = await engine.generate(PROMPT, SamplingParams(max_new_tokens=8, seed=1))
         assert out.spans == [TokenSpan(8, 1, 1)]
-        torch.testing.assert_close(torch.tensor(out.logprobs), te_logprobs(new, out.token_ids, 1.0, 1.0),
-                                   atol=1e-4, rtol=0)
+        torch.testing.assert_close(
+            torch.tensor(out.logprobs), te_logprobs(new, out.token_ids, 1.0, 1.0), atol=1e-4, rtol=0
+        )
 
         # 4. a bad update is refused before anything is paused; version 1 keeps serving
         bad = dict(new.state_dict())
