@@ -33,7 +33,7 @@ def worker_rlimits(limits: SandboxLimits, *, nproc: bool) -> dict:
 
 def frame_limit(limits: SandboxLimits) -> int:
     """Largest response frame (bytes): two capped streams, an error text and JSON escaping."""
-    return 12 * limits.output_bytes + (1 << 16)
+    return 20 * limits.output_bytes + (1 << 16)  # 3 fields x 6 bytes per escaped control character
 
 
 class ProcessLauncher:

@@ -331,3 +331,11 @@ async def test_forged_protocol_frames_are_a_crash_not_a_result(sandbox):
     r = await sandbox.run(code)
     assert r.status is ExecStatus.CRASHED and r.worker_replaced and "malformed worker response" in r.error
     assert (await sandbox.run("print('next')")).stdout == "next\n"
+
+
+async def test_control_characters_everywhere_fit_the_frame(sandbox):
+    code = ("import sys\nprint('\\x01' * 100_000)\nsys.stderr.write('\\x02' * 100_000)\n"
+            "raise ValueError('\\x03' * 100_000)")
+    r = await sandbox.run(code)
+    assert r.status is ExecStatus.ERROR and r.stdout == "\x01" * CAP and r.stderr == "\x02" * CAP
+    assert r.error.endswith("\x03" * 100 + "\n") and len(r.error) <= CAP
