@@ -537,7 +537,7 @@ def run_cpu_data_parallel(fn: Callable[[int], Any], world_size: int = 2, timeout
 # GPU-only: Ray actors and vLLM weight broadcast (OpenRLHF's machinery). NOT TESTED in CI.
 # ---------------------------------------------------------------------------------------------
 class RayLearnerGroup:
-    """GPU-only (untested here): ``world_size`` Ray actors, one per GPU, each an :class:`OpenRLHFLearner`.
+    """``world_size`` Ray actors, one per GPU, each an :class:`OpenRLHFLearner` (CPU path tested with gloo).
 
     The actors use OpenRLHF's ``BaseDistributedActor`` for the rendezvous (MASTER_ADDR/PORT, RANK,
     WORLD_SIZE, LOCAL_RANK from Ray's GPU ids), as OpenRLHF's ``RayActorGroup`` does; rank 0's address
@@ -548,7 +548,9 @@ class RayLearnerGroup:
         optim: Optimizer settings.
         backend: DeepSpeed settings.
         world_size: Number of actors (GPUs).
-        num_gpus_per_actor: GPUs per actor (1 on GPU machines).
+        num_gpus_per_actor: GPUs per actor (1 on GPU machines; 0 runs the gloo CPU path, as the test does).
+        master_addr: Rendezvous address of rank 0; None takes Ray's node address (OpenRLHF's choice,
+            needed across nodes); pass ``"127.0.0.1"`` on a single machine.
     """
 
     def __init__(
@@ -558,11 +560,12 @@ class RayLearnerGroup:
         backend: OpenRLHFBackendConfig,
         world_size: int,
         num_gpus_per_actor: float = 1.0,
+        master_addr: str | None = None,
     ) -> None:
         import ray
 
-        actor_cls = ray.remote(num_gpus=num_gpus_per_actor)(_learner_actor_class())
-        first = actor_cls.remote(world_size, 0, None, None)
+        actor_cls = ray.remote(num_gpus=num_gpus_per_actor)(_LearnerActor)
+        first = actor_cls.remote(world_size, 0, master_addr, None)
         addr, port = ray.get(first.get_master_addr_port.remote())
         self.actors = [first] + [actor_cls.remote(world_size, r, addr, port) for r in range(1, world_size)]
         ray.get([a.init_learner.remote(model_factory, optim, backend) for a in self.actors])
@@ -590,26 +593,39 @@ class RayLearnerGroup:
         return self._all("weights_for_engine", path)
 
 
-def _learner_actor_class() -> type:
-    from openrlhf.trainer.ray.launcher import BaseDistributedActor
+class _LearnerActor:
+    """Body of a Ray learner actor: OpenRLHF's rendezvous, then an :class:`OpenRLHFLearner`.
 
-    class _LearnerActor(BaseDistributedActor):
-        def init_learner(self, model_factory: Callable[[], nn.Module], optim: OptimConfig, backend: OpenRLHFBackendConfig) -> None:
-            self.learner = OpenRLHFLearner(model_factory(), optim, backend)
+    Defined at module level (Ray pickles it by reference) and not as a subclass of OpenRLHF's
+    ``BaseDistributedActor``: importing that class needs flash-attn, and a Ray worker unpickles the
+    class before any of our code could install the stand-in. Its ``__init__`` is called explicitly.
+    """
 
-        def update(self, trajectories: list[Trajectory], scores: list[torch.Tensor] | None = None) -> UpdateStats:
-            return self.learner.update(trajectories, scores=scores)
+    def __init__(self, world_size: int, rank: int, master_addr: str | None, master_port: int | None) -> None:
+        import_openrlhf()  # flash-attn stand-in first, where flash-attn is missing
+        from openrlhf.trainer.ray.launcher import BaseDistributedActor
 
-        def score(self, trajectories: list[Trajectory]) -> list[torch.Tensor]:
-            return self.learner.score(trajectories)
+        addr = master_addr or BaseDistributedActor._get_current_node_ip()
+        port = master_port or BaseDistributedActor._get_free_port()
+        BaseDistributedActor.__init__(self, world_size, rank, addr, port)  # type: ignore[arg-type]
 
-        def get_version(self) -> int:
-            return self.learner.version
+    def get_master_addr_port(self) -> tuple[str, int]:
+        return self._master_addr, self._master_port  # type: ignore[attr-defined]
 
-        def weights_for_engine(self, path: str | None = None) -> Any:
-            return self.learner.weights_for_engine(path)
+    def init_learner(self, model_factory: Callable[[], nn.Module], optim: OptimConfig, backend: OpenRLHFBackendConfig) -> None:
+        self.learner = OpenRLHFLearner(model_factory(), optim, backend)
 
-    return _LearnerActor
+    def update(self, trajectories: list[Trajectory], scores: list[torch.Tensor] | None = None) -> UpdateStats:
+        return self.learner.update(trajectories, scores=scores)
+
+    def score(self, trajectories: list[Trajectory]) -> list[torch.Tensor]:
+        return self.learner.score(trajectories)
+
+    def get_version(self) -> int:
+        return self.learner.version
+
+    def weights_for_engine(self, path: str | None = None) -> Any:
+        return self.learner.weights_for_engine(path)
 
 
 class VLLMWeightSync:
