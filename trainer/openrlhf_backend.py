@@ -21,13 +21,14 @@ taken over all B rows before the rows are sharded, and statistics are summed ove
 
 Paths:
 
-* CPU (tested in CI): ``torch.distributed`` with gloo, a CPU device mesh, ZeRO stage 0 or 2, fp32,
-  ``torch.optim.AdamW`` (DeepSpeed's FusedAdam needs CUDA). World size 1 in-process, or 2 processes
-  on loopback (:func:`run_cpu_data_parallel`).
+* CPU (tested): ``torch.distributed`` with gloo, a CPU device mesh, ZeRO stage 0 or 2, fp32,
+  ``torch.optim.AdamW`` (DeepSpeed's FusedAdam needs CUDA). World size 1 or 2 processes on loopback
+  (:func:`run_cpu_data_parallel`), and :class:`RayLearnerGroup` with two CPU Ray actors (OpenRLHF's
+  ``BaseDistributedActor`` rendezvous; ``slow`` test).
 * GPU only, NOT TESTED HERE (no GPU in CI): ``strategy.setup_distributed()`` with NCCL and a CUDA
-  mesh, bf16, FusedAdam; :class:`RayLearnerGroup` (one Ray actor per GPU, OpenRLHF's
-  ``BaseDistributedActor`` for the rendezvous) and :class:`VLLMWeightSync` (OpenRLHF's NCCL weight
-  broadcast from DeepSpeed rank 0 to its vLLM engines). They are marked ``GPU-only`` below.
+  mesh, bf16, FusedAdam (``benchmarks/gpu_check.py`` runs one update through it on one GPU);
+  :class:`RayLearnerGroup` with one GPU per actor; :class:`VLLMWeightSync` (OpenRLHF's NCCL weight
+  broadcast from DeepSpeed rank 0 to its vLLM engines; never run). They are marked ``GPU-only``.
 
 Tensor legend: ``b`` rows here, ``B`` rows in the fresh batch, ``L`` padded tokens, ``t = L - 1``
 label positions, ``V`` vocabulary size (see :mod:`agentenv.trainer.batching`).
@@ -534,7 +535,7 @@ def run_cpu_data_parallel(fn: Callable[[int], Any], world_size: int = 2, timeout
 
 
 # ---------------------------------------------------------------------------------------------
-# GPU-only: Ray actors and vLLM weight broadcast (OpenRLHF's machinery). NOT TESTED in CI.
+# Ray actors (CPU path tested, GPU path not) and the GPU-only vLLM weight broadcast (NOT TESTED).
 # ---------------------------------------------------------------------------------------------
 class RayLearnerGroup:
     """``world_size`` Ray actors, one per GPU, each an :class:`OpenRLHFLearner` (CPU path tested with gloo).
