@@ -62,6 +62,9 @@ class EpisodeResult:
         reward: Episode return.
         steps: Game commands played (steps).
         seconds: Wall time of the episode (seconds).
+        ending: Why it ended: ``"won"``, ``"lost"`` (terminated without a win), ``"truncated"`` (the
+            env's step limit), a rollout budget (``"max_new_tokens_per_turn"``, ``"context"``, ...), or
+            ``"error"``.
         error: ``"Type: message"`` when the episode failed (it then counts as not won), else None.
     """
 
@@ -73,6 +76,7 @@ class EpisodeResult:
     steps: int
     seconds: float = 0.0
     error: str | None = None
+    ending: str = ""
 
 
 Agent = Callable[[Env, EpisodeJob], Awaitable[EpisodeResult]]
@@ -107,9 +111,8 @@ def make_jobs(
 
 
 def _failed(job: EpisodeJob, exc: BaseException, seconds: float) -> EpisodeResult:
-    return EpisodeResult(
-        job.game, job.task_type, job.sample, False, 0.0, 0, seconds, f"{type(exc).__name__}: {exc}"
-    )
+    error = f"{type(exc).__name__}: {exc}"
+    return EpisodeResult(job.game, job.task_type, job.sample, False, 0.0, 0, seconds, error, "error")
 
 
 async def run_jobs(
@@ -195,8 +198,9 @@ def policy_agent(make_policy: Callable[[EpisodeJob, Mapping[str, Any]], Policy])
             won = bool(info.get("won", result.reward > 0))
             if result.terminated or result.truncated:
                 break
+        ending = "won" if won else ("lost" if result.terminated else "truncated")
         return EpisodeResult(
-            job.game, job.task_type, job.sample, won, total, steps, time.perf_counter() - start
+            job.game, job.task_type, job.sample, won, total, steps, time.perf_counter() - start, None, ending
         )
 
     return agent
@@ -216,15 +220,22 @@ def model_agent(engine: Any, renderer: Any, cfg: Any) -> Agent:
         start = time.perf_counter()
         traj = await run_episode(env, engine, renderer, cfg, seed=job.seed, options={"game": job.game_index})
         info = traj.info
+        won = bool(info.get("won", False)) and traj.status != "error"
+        trunc = info.get("truncation")
+        if traj.status == "error" or won:
+            ending = "error" if traj.status == "error" else "won"
+        else:
+            ending = "truncated" if trunc == "env" else str(trunc or "lost")
         return EpisodeResult(
             job.game,
             job.task_type,
             job.sample,
-            won=bool(info.get("won", False)) and traj.status != "error",
+            won=won,
             reward=float(traj.reward),
             steps=int(info.get("steps", 0)),
             seconds=time.perf_counter() - start,
             error=info.get("error") if traj.status == "error" else None,
+            ending=ending,
         )
 
     return agent
@@ -400,7 +411,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=None, help="play only the first N games")
     p.add_argument("--concurrency", type=int, default=4, help="games played at once")
     p.add_argument("--max-steps", type=int, default=50, help="commands per episode")
-    p.add_argument("--max-new-tokens", type=int, default=64, help="tokens per reply")
+    p.add_argument("--max-new-tokens", type=int, default=128, help="tokens per reply")
     p.add_argument("--max-total-tokens", type=int, default=6144, help="tokens per episode after the prompt")
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--top-p", type=float, default=1.0)

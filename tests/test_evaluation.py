@@ -168,10 +168,11 @@ async def test_run_jobs_bounds_live_envs_and_isolates_failures() -> None:
     assert len(seen) == 20
     assert GuessEnv.peak == 3 and GuessEnv.live == 0  # bounded, and every env closed
     cursed = results[13]
-    assert cursed.error == "ValueError: game 13 is cursed" and not cursed.won
+    assert cursed.error == "ValueError: game 13 is cursed" and not cursed.won and cursed.ending == "error"
     for i, r in enumerate(results):
         if i != 13:
-            assert (r.won, r.steps, r.reward) == ((True, 2, 1.0) if i % 2 == 0 else (False, 3, 0.0))
+            expected = (True, 2, 1.0, "won") if i % 2 == 0 else (False, 3, 0.0, "truncated")
+            assert (r.won, r.steps, r.reward, r.ending) == expected
     rep = aggregate(results)
     assert (rep.overall.successes, rep.overall.errors) == (10, 1)
     with pytest.raises(ConfigError):
@@ -182,11 +183,15 @@ async def test_model_agent_plays_through_the_rollout_loop() -> None:
     engine = ScriptedEngine(["hmm", "win 0"])
     agent = model_agent(engine, CharRenderer(), RolloutConfig(max_turns=5, max_total_tokens=500))
     [res] = await run_jobs(_jobs(1), agent, GuessEnv, concurrency=1, progress=False)
-    assert (res.won, res.steps, res.reward, res.error) == (True, 2, 1.0, None)
+    assert (res.won, res.steps, res.reward, res.error, res.ending) == (True, 2, 1.0, None, "won")
     broken = ScriptedEngine(["hmm"], fail_on=1)
     agent = model_agent(broken, CharRenderer(), RolloutConfig(max_turns=5, max_total_tokens=500))
     [res] = await run_jobs(_jobs(1), agent, GuessEnv, concurrency=1, progress=False)
-    assert not res.won and res.error == "EngineError: engine died"
+    assert not res.won and res.error == "EngineError: engine died" and res.ending == "error"
+    engine = ScriptedEngine(["hmm"])
+    agent = model_agent(engine, CharRenderer(), RolloutConfig(max_turns=2, max_total_tokens=500))
+    [res] = await run_jobs(_jobs(1), agent, GuessEnv, concurrency=1, progress=False)
+    assert (res.won, res.steps, res.ending) == (False, 2, "max_turns")
 
 
 def test_main_rejects_bad_input_cleanly(capsys) -> None:
