@@ -63,15 +63,34 @@ def bootstrap_agentenv() -> str:
     sys.modules["agentenv"] = pkg
     return "from checkout (bare package)"
 
+
 QWEN25_15B = dict(  # Qwen2.5-1.5B(-Instruct) config.json, written out by hand
-    vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
-    num_attention_heads=12, num_key_value_heads=2, max_position_embeddings=32768, rope_theta=1_000_000.0,
-    rms_norm_eps=1e-6, tie_word_embeddings=True, hidden_act="silu", attention_dropout=0.0,
+    vocab_size=151936,
+    hidden_size=1536,
+    intermediate_size=8960,
+    num_hidden_layers=28,
+    num_attention_heads=12,
+    num_key_value_heads=2,
+    max_position_embeddings=32768,
+    rope_theta=1_000_000.0,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=True,
+    hidden_act="silu",
+    attention_dropout=0.0,
 )
 TINY = dict(
-    vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-    num_key_value_heads=2, max_position_embeddings=512, rope_theta=1_000_000.0, rms_norm_eps=1e-6,
-    tie_word_embeddings=True, hidden_act="silu", attention_dropout=0.0,
+    vocab_size=1000,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    rope_theta=1_000_000.0,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=True,
+    hidden_act="silu",
+    attention_dropout=0.0,
 )
 
 
@@ -82,7 +101,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--seq", type=int, default=None, help="tokens per row (default 1024; tiny 64)")
     p.add_argument("--micro", type=int, default=None, help="micro-batch rows (default: all rows)")
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--decode-tokens", type=int, default=None, help="new tokens per request (default 64; tiny 8)")
+    p.add_argument(
+        "--decode-tokens", type=int, default=None, help="new tokens per request (default 64; tiny 8)"
+    )
     p.add_argument("--decode-batches", default=None, help="comma list (default 1,8,32; tiny 1,2,4)")
     p.add_argument("--skip-decode", action="store_true")
     p.add_argument("--skip-deepspeed", action="store_true")
@@ -180,8 +201,11 @@ def bench_learner(args, model, device, clock, results) -> None:
     from dataclasses import replace
 
     batch = replace(batch, advantages=batch_mean_advantages(batch.rewards))
-    results["tokens"] = {"rows": batch.num_rows, "seq_tokens": int(batch.attention_mask.sum()),
-                         "policy_tokens": int(batch.lengths.sum())}
+    results["tokens"] = {
+        "rows": batch.num_rows,
+        "seq_tokens": int(batch.attention_mask.sum()),
+        "policy_tokens": int(batch.lengths.sum()),
+    }
 
     def nll_step():
         model.zero_grad(set_to_none=True)
@@ -196,8 +220,15 @@ def bench_learner(args, model, device, clock, results) -> None:
         for mb in split_micro_batches(batch, args.micro):
             mb = mb.to(device)
             lp, _ = token_logprobs(model, mb)
-            out = flash_reinforce_loss(lp, mb.behaviour_logprobs, mb.loss_mask, mb.advantages, mb.lengths,
-                                       batch.global_batch_size, delta=cfg.delta)
+            out = flash_reinforce_loss(
+                lp,
+                mb.behaviour_logprobs,
+                mb.loss_mask,
+                mb.advantages,
+                mb.lengths,
+                batch.global_batch_size,
+                delta=cfg.delta,
+            )
             out.loss.backward()
 
     results["nll_fwd_bwd"] = clock.measure(nll_step, args.repeats)
@@ -211,8 +242,13 @@ def bench_learner(args, model, device, clock, results) -> None:
     # objective alone on precomputed log-probs (leaf tensor): its forward + backward
     b = batch.to(device)
     with torch.no_grad():
-        lp0 = torch.cat([token_logprobs(model, mb.to(device))[0] for mb in split_micro_batches(batch, args.micro)]
-                        ) if args.micro >= batch.num_rows else None
+        lp0 = (
+            torch.cat(
+                [token_logprobs(model, mb.to(device))[0] for mb in split_micro_batches(batch, args.micro)]
+            )
+            if args.micro >= batch.num_rows
+            else None
+        )
     if lp0 is None:  # micro-batches have different padded widths: score each, pad to the batch width
         lp0 = torch.zeros(b.loss_mask.shape, device=device)
         r = 0
@@ -225,12 +261,19 @@ def bench_learner(args, model, device, clock, results) -> None:
 
     def objective_only():
         x = lp0.clone().requires_grad_(True)
-        out = flash_reinforce_loss(x, b.behaviour_logprobs, b.loss_mask, b.advantages, b.lengths,
-                                   batch.global_batch_size, delta=cfg.delta)
+        out = flash_reinforce_loss(
+            x,
+            b.behaviour_logprobs,
+            b.loss_mask,
+            b.advantages,
+            b.lengths,
+            batch.global_batch_size,
+            delta=cfg.delta,
+        )
         out.loss.backward()
 
     results["objective_only"] = clock.measure(objective_only, max(args.repeats, 5))
-    del learner
+    learner = None  # free the optimizer state before the next section
     model.zero_grad(set_to_none=True)
 
 
@@ -271,7 +314,6 @@ def bench_decode(args, model, device, clock, results) -> None:
 def bench_deepspeed(args, cfg: dict, device: torch.device, dtype: torch.dtype, clock, results) -> None:
     try:
         import deepspeed  # noqa: F401
-
         from agentenv.trainer.learner import OptimConfig
         from agentenv.trainer.openrlhf_backend import OpenRLHFBackendConfig, OpenRLHFLearner
     except Exception as e:  # noqa: BLE001
@@ -281,20 +323,31 @@ def bench_deepspeed(args, cfg: dict, device: torch.device, dtype: torch.dtype, c
         model = build_model(cfg, device, torch.float32 if dtype == torch.float32 else torch.float32)
         optim = OptimConfig(lr=1e-6, micro_batch_size=args.micro, delta=1e-3)
         backend = OpenRLHFBackendConfig(
-            rows_per_update=args.rows, zero_stage=2, param_dtype="fp32" if device.type == "cpu" else "bf16",
+            rows_per_update=args.rows,
+            zero_stage=2,
+            param_dtype="fp32" if device.type == "cpu" else "bf16",
             torch_adam=True,
         )
         learner = OpenRLHFLearner(model, optim, backend)
-        trajs = make_trajectories(args.rows, args.seq, cfg["vocab_size"], prompt=max(8, args.seq // 8), seed=1)
+        trajs = make_trajectories(
+            args.rows, args.seq, cfg["vocab_size"], prompt=max(8, args.seq // 8), seed=1
+        )
         trajs = on_policy(trajs, learner.score(trajs))
         stats = []
         r = clock.measure(lambda: stats.append(learner.update(trajs)), args.repeats)
-        r.update(stepped=all(s.stepped for s in stats), grad_norm=stats[-1].grad_norm,
-                 engine=type(learner.engine).__name__, optimizer=type(learner.engine.optimizer).__name__)
+        r.update(
+            stepped=all(s.stepped for s in stats),
+            grad_norm=stats[-1].grad_norm,
+            engine=type(learner.engine).__name__,
+            optimizer=type(learner.engine.optimizer).__name__,
+        )
         results["deepspeed_update"] = r
-        del learner, model
+        learner = model = None
     except Exception as e:  # noqa: BLE001
-        results["deepspeed_update"] = {"error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()[-2000:]}
+        results["deepspeed_update"] = {
+            "error": f"{type(e).__name__}: {e}",
+            "trace": traceback.format_exc()[-2000:],
+        }
 
 
 def main() -> int:
@@ -306,7 +359,9 @@ def main() -> int:
     args.seq = args.seq or (64 if tiny else 1024)
     args.micro = args.micro or args.rows
     args.decode_tokens = args.decode_tokens or (8 if tiny else 64)
-    args.decode_batches = [int(x) for x in (args.decode_batches or ("1,2,4" if tiny else "1,8,32")).split(",")]
+    args.decode_batches = [
+        int(x) for x in (args.decode_batches or ("1,2,4" if tiny else "1,8,32")).split(",")
+    ]
     cfg = TINY if tiny else QWEN25_15B
     agentenv_mode = bootstrap_agentenv()
     clock = Clock(device)
@@ -317,8 +372,12 @@ def main() -> int:
         "config": "tiny" if tiny else "qwen2.5-1.5b-shape (random init)",
         "device": torch.cuda.get_device_name(0) if device.type == "cuda" else platform.processor() or "cpu",
         "dtype": str(dtype).replace("torch.", ""),
-        "torch": torch.__version__, "transformers": transformers.__version__,
-        "rows": args.rows, "seq": args.seq, "micro": args.micro, "repeats": args.repeats,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "rows": args.rows,
+        "seq": args.seq,
+        "micro": args.micro,
+        "repeats": args.repeats,
         "agentenv": agentenv_mode,
     }
     t0 = time.perf_counter()
@@ -326,8 +385,10 @@ def main() -> int:
     clock.sync()
     results["model_build_s"] = time.perf_counter() - t0
     results["params_m"] = sum(p.numel() for p in model.parameters()) / 1e6
-    for name, fn in (("learner", lambda: bench_learner(args, model, device, clock, results)),
-                     ("decode", None if args.skip_decode else lambda: bench_decode(args, model, device, clock, results))):
+    for name, fn in (
+        ("learner", lambda: bench_learner(args, model, device, clock, results)),
+        ("decode", None if args.skip_decode else lambda: bench_decode(args, model, device, clock, results)),
+    ):
         if fn is None:
             results[name] = {"skipped": "--skip-decode"}
             continue
@@ -336,7 +397,7 @@ def main() -> int:
         except Exception as e:  # noqa: BLE001
             results[f"{name}_error"] = f"{type(e).__name__}: {e}"
             results[f"{name}_trace"] = traceback.format_exc()[-2000:]
-    del model
+    model = None  # noqa: F841 (frees GPU memory before the DeepSpeed section)
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -358,8 +419,11 @@ def main() -> int:
 
 
 def report(r: dict) -> None:
-    print(f"\n{r['config']} | {r['device']} | {r['dtype']} | {r.get('params_m', 0):.1f}M params | "
-          f"B={r['rows']} x {r['seq']} tok, micro {r['micro']} | torch {r['torch']} | build {r['model_build_s']:.1f}s")
+    print(
+        f"\n{r['config']} | {r['device']} | {r['dtype']} | {r.get('params_m', 0):.1f}M params | "
+        f"B={r['rows']} x {r['seq']} tok, micro {r['micro']} | torch {r['torch']} | "
+        f"build {r['model_build_s']:.1f}s"
+    )
     print(f"{'measure':<22}{'median ms':>12}{'peak GiB':>10}{'vs NLL':>9}")
     nll = r.get("nll_fwd_bwd", {}).get("ms")
     for k in ("nll_fwd_bwd", "fr_fwd_bwd", "fr_update", "score", "objective_only", "deepspeed_update"):
@@ -371,8 +435,10 @@ def report(r: dict) -> None:
         ratio = f"{v['ms'] / nll:.3f}" if nll else "-"
         print(f"{k:<22}{v['ms']:>12.2f}{v['peak_gib']:>10.2f}{ratio:>9}")
     if nll and "fr_fwd_bwd" in r:
-        print(f"objective overhead: {r['fr_fwd_bwd']['ms'] - nll:+.2f} ms per fwd+bwd "
-              f"(objective alone {r['objective_only']['ms']:.2f} ms)")
+        print(
+            f"objective overhead: {r['fr_fwd_bwd']['ms'] - nll:+.2f} ms per fwd+bwd "
+            f"(objective alone {r['objective_only']['ms']:.2f} ms)"
+        )
     dec = r.get("decode", {})
     if "skipped" in dec:
         print(f"decode: skipped ({dec['skipped']})")

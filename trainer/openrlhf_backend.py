@@ -110,7 +110,7 @@ class OpenRLHFBackendConfig:
             raise ConfigError(f"param_dtype must be fp32, bf16 or fp16, got {self.param_dtype!r}")
 
     def grad_accumulation_steps(self, micro_batch_size: int, world_size: int) -> int:
-        """gas = B / (micro_batch_size * world_size).
+        """Gradient-accumulation steps per update: B / (micro_batch_size * world_size).
 
         Raises:
             ConfigError: B is not a multiple of ``micro_batch_size * world_size``.
@@ -176,7 +176,9 @@ def make_strategy(backend: OpenRLHFBackendConfig, optim: OptimConfig) -> Any:
     _ensure_rendezvous_env()
     args = SimpleNamespace(
         local_rank=-1,
-        ds=SimpleNamespace(param_dtype=backend.param_dtype, zero_stage=backend.zero_stage, adam_offload=False, zpg=1),
+        ds=SimpleNamespace(
+            param_dtype=backend.param_dtype, zero_stage=backend.zero_stage, adam_offload=False, zpg=1
+        ),
         train=SimpleNamespace(dynamic_batch_enable=False),
     )
     strategy = _Strategy(
@@ -203,7 +205,9 @@ def make_strategy(backend: OpenRLHFBackendConfig, optim: OptimConfig) -> Any:
             "cpu", (strategy.world_size, 1, 1), mesh_dim_names=("dp", "sp", "tp")
         )
         strategy.ring_attn_rank = 0
-        strategy.accumulated_gradient = backend.rows_per_update // optim.micro_batch_size // strategy.world_size
+        strategy.accumulated_gradient = (
+            backend.rows_per_update // optim.micro_batch_size // strategy.world_size
+        )
     backend.grad_accumulation_steps(optim.micro_batch_size, strategy.world_size)  # validates divisibility
     return strategy
 
@@ -255,7 +259,12 @@ class OpenRLHFLearner:
         self.gas = self.backend.grad_accumulation_steps(optim.micro_batch_size, self.world_size)
         cfg = {
             "optim": "adam",
-            "adam": {"lr": optim.lr, "betas": optim.betas, "eps": optim.adam_eps, "weight_decay": optim.weight_decay},
+            "adam": {
+                "lr": optim.lr,
+                "betas": optim.betas,
+                "eps": optim.adam_eps,
+                "weight_decay": optim.weight_decay,
+            },
             "lr_scheduler": "constant",
             "lr_warmup_ratio": 0.0,
             "max_norm": optim.grad_clip,
@@ -266,7 +275,9 @@ class OpenRLHFLearner:
         # on the optimizer DeepSpeed steps; DeepSpeed calls it once per optimizer step.
         warm = optim.warmup_steps
         base = getattr(self.engine, "basic_optimizer", None) or self.engine.optimizer
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(base, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            base, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0
+        )
         self.engine.lr_scheduler = self.scheduler
         self.device = self.engine.device
 
@@ -371,14 +382,28 @@ class OpenRLHFLearner:
         seconds = time.perf_counter() - t0
         seq_tokens = int(batch.attention_mask.sum())
         return UpdateStats(
-            version=self.version, stepped=stepped, objective=total, loss=total.loss_sum, grad_norm=grad_norm, lr=lr,
-            rows=batch.num_rows, excluded_rows=batch.excluded_rows, reward_mean=float(batch.rewards.mean()),
-            mean_length=float(batch.lengths.float().mean()), mean_sequence_length=seq_tokens / batch.num_rows,
-            seconds=seconds, tokens_per_second=seq_tokens / seconds if seconds > 0 else math.nan,
-            extra={"perf/deepspeed_micro_steps": float(self.gas), "perf/dp_world_size": float(self.world_size)},
+            version=self.version,
+            stepped=stepped,
+            objective=total,
+            loss=total.loss_sum,
+            grad_norm=grad_norm,
+            lr=lr,
+            rows=batch.num_rows,
+            excluded_rows=batch.excluded_rows,
+            reward_mean=float(batch.rewards.mean()),
+            mean_length=float(batch.lengths.float().mean()),
+            mean_sequence_length=seq_tokens / batch.num_rows,
+            seconds=seconds,
+            tokens_per_second=seq_tokens / seconds if seconds > 0 else math.nan,
+            extra={
+                "perf/deepspeed_micro_steps": float(self.gas),
+                "perf/dp_world_size": float(self.world_size),
+            },
         )
 
-    def _accumulate_and_step(self, batch: PolicyBatch, admitted: torch.Tensor | None) -> tuple[ObjectiveStats, float]:
+    def _accumulate_and_step(
+        self, batch: PolicyBatch, admitted: torch.Tensor | None
+    ) -> tuple[ObjectiveStats, float]:
         """Run this rank's gas micro-steps through DeepSpeed (the last one steps the optimizer)."""
         cfg = self.config
         mine = shard(batch, self.rank, self.world_size)
@@ -394,15 +419,34 @@ class OpenRLHFLearner:
                 lp, ent = token_logprobs(self.engine, mb, with_entropy=filt is not None)
                 if cfg.objective == "grpo":
                     out = grpo_loss(
-                        lp, mb.behaviour_logprobs, mb.loss_mask, mb.advantages, mb.lengths, batch.global_tokens,
-                        clip_eps=cfg.grpo_clip_eps, row_ids=mb.ids,
+                        lp,
+                        mb.behaviour_logprobs,
+                        mb.loss_mask,
+                        mb.advantages,
+                        mb.lengths,
+                        batch.global_tokens,
+                        clip_eps=cfg.grpo_clip_eps,
+                        row_ids=mb.ids,
                     )
                 else:
                     start = offset + step * cfg.micro_batch_size
-                    adm = admitted[start : start + mb.num_rows].to(self.device) if admitted is not None else None
+                    adm = (
+                        admitted[start : start + mb.num_rows].to(self.device)
+                        if admitted is not None
+                        else None
+                    )
                     out = flash_reinforce_loss(
-                        lp, mb.behaviour_logprobs, mb.loss_mask, mb.advantages, mb.lengths, batch.global_batch_size,
-                        delta=cfg.delta, admitted=adm, entropies=ent, entropy_keep_fraction=filt, row_ids=mb.ids,
+                        lp,
+                        mb.behaviour_logprobs,
+                        mb.loss_mask,
+                        mb.advantages,
+                        mb.lengths,
+                        batch.global_batch_size,
+                        delta=cfg.delta,
+                        admitted=adm,
+                        entropies=ent,
+                        entropy_keep_fraction=filt,
+                        row_ids=mb.ids,
                     )
                 loss, stats = out.loss, stats + out.stats
             else:  # padding micro-step: zero gradient, keeps every rank's DeepSpeed micro-step count at gas
@@ -427,7 +471,9 @@ class OpenRLHFLearner:
         import deepspeed
 
         module = self.engine.module
-        with deepspeed.zero.GatheredParameters(list(module.parameters()), enabled=self.backend.zero_stage == 3):
+        with deepspeed.zero.GatheredParameters(
+            list(module.parameters()), enabled=self.backend.zero_stage == 3
+        ):
             sd = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in module.state_dict().items()}
         if path is None:
             return sd
@@ -482,8 +528,12 @@ def _shard_offset(rows: int, rank: int, world: int) -> int:
 # ---------------------------------------------------------------------------------------------
 def _dp_worker(rank: int, world_size: int, port: int, fn: Callable[[int], Any], results: Any) -> None:
     os.environ.update(
-        RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size),
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world_size),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
     )
     try:
         results[rank] = ("ok", fn(rank))
@@ -496,7 +546,9 @@ def _dp_worker(rank: int, world_size: int, port: int, fn: Callable[[int], Any], 
             dist.destroy_process_group()
 
 
-def run_cpu_data_parallel(fn: Callable[[int], Any], world_size: int = 2, timeout_s: float = 600.0) -> list[Any]:
+def run_cpu_data_parallel(
+    fn: Callable[[int], Any], world_size: int = 2, timeout_s: float = 600.0
+) -> list[Any]:
     """Run ``fn(rank)`` in ``world_size`` spawned processes joined by gloo on 127.0.0.1.
 
     ``fn`` must be picklable (a module-level function or ``functools.partial``) and build its own
@@ -514,7 +566,9 @@ def run_cpu_data_parallel(fn: Callable[[int], Any], world_size: int = 2, timeout
     with ctx.Manager() as manager:
         results = manager.dict()
         port = _free_port()
-        procs = [ctx.Process(target=_dp_worker, args=(r, world_size, port, fn, results)) for r in range(world_size)]
+        procs = [
+            ctx.Process(target=_dp_worker, args=(r, world_size, port, fn, results)) for r in range(world_size)
+        ]
         for p in procs:
             p.start()
         for p in procs:
@@ -576,7 +630,9 @@ class RayLearnerGroup:
 
         return ray.get([getattr(a, method).remote(*args, **kwargs) for a in self.actors])[0]
 
-    def update(self, trajectories: Sequence[Trajectory], *, scores: Sequence[torch.Tensor] | None = None) -> UpdateStats:
+    def update(
+        self, trajectories: Sequence[Trajectory], *, scores: Sequence[torch.Tensor] | None = None
+    ) -> UpdateStats:
         """One optimizer step on every actor; rank 0's :class:`UpdateStats`."""
         return self._all("update", list(trajectories), scores=scores)
 
@@ -613,7 +669,9 @@ class _LearnerActor:
     def get_master_addr_port(self) -> tuple[str, int]:
         return self._master_addr, self._master_port  # type: ignore[attr-defined]
 
-    def init_learner(self, model_factory: Callable[[], nn.Module], optim: OptimConfig, backend: OpenRLHFBackendConfig) -> None:
+    def init_learner(
+        self, model_factory: Callable[[], nn.Module], optim: OptimConfig, backend: OpenRLHFBackendConfig
+    ) -> None:
         self.learner = OpenRLHFLearner(model_factory(), optim, backend)
 
     def update(self, trajectories: list[Trajectory], scores: list[torch.Tensor] | None = None) -> UpdateStats:
@@ -644,9 +702,10 @@ class VLLMWeightSync:
         tensor_parallel_size: vLLM tensor-parallel size of each engine.
     """
 
-    def __init__(self, learner: OpenRLHFLearner, vllm_engines: list[Any], tensor_parallel_size: int = 1) -> None:
+    def __init__(
+        self, learner: OpenRLHFLearner, vllm_engines: list[Any], tensor_parallel_size: int = 1
+    ) -> None:
         import ray
-
         from openrlhf.utils.distributed_util import stateless_init_process_group
 
         self.learner = learner
@@ -657,7 +716,9 @@ class VLLMWeightSync:
             port = _free_port()
             world = len(vllm_engines) * tensor_parallel_size + 1
             refs = [
-                e.init_process_group.remote(addr, port, i * tensor_parallel_size + 1, world, "agentenv", backend="nccl")
+                e.init_process_group.remote(
+                    addr, port, i * tensor_parallel_size + 1, world, "agentenv", backend="nccl"
+                )
                 for i, e in enumerate(vllm_engines)
             ]
             self.group = stateless_init_process_group(addr, port, 0, world, torch.cuda.current_device())
@@ -678,7 +739,9 @@ class VLLMWeightSync:
                 if self.learner.rank == 0:
                     shape = p.ds_shape if zero3 else p.shape
                     refs = [
-                        e.update_weight.remote(name, dtype=p.dtype, shape=shape, empty_cache=count == len(named))
+                        e.update_weight.remote(
+                            name, dtype=p.dtype, shape=shape, empty_cache=count == len(named)
+                        )
                         for e in self.engines
                     ]
                     self.group.broadcast(p.data, src=0, stream=torch.cuda.current_stream())

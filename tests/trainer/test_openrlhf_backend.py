@@ -41,7 +41,9 @@ def _batches():
     b = make_trajectories(3, seed=2, rewards=[0, 1, 1])
     learner = Learner(base, OPTIM)
     # Behaviour log-probs near the model's own, so the gate admits most rows (noise makes rho != 1).
-    return on_policy(a, learner.score(a), noise=0.02, seed=3), on_policy(b, learner.score(b), noise=0.02, seed=4)
+    return on_policy(a, learner.score(a), noise=0.02, seed=3), on_policy(
+        b, learner.score(b), noise=0.02, seed=4
+    )
 
 
 def _reference(batches):
@@ -58,7 +60,9 @@ def _reference(batches):
 def _rank_run(rank: int, batches, zero_stage: int, rows: int):
     from agentenv.trainer.openrlhf_backend import OpenRLHFLearner
 
-    learner = OpenRLHFLearner(tiny_model(0), OPTIM, OpenRLHFBackendConfig(rows_per_update=rows, zero_stage=zero_stage))
+    learner = OpenRLHFLearner(
+        tiny_model(0), OPTIM, OpenRLHFBackendConfig(rows_per_update=rows, zero_stage=zero_stage)
+    )
     before = learner.weights_for_engine()
     out = []
     for batch in batches:
@@ -66,8 +70,13 @@ def _rank_run(rank: int, batches, zero_stage: int, rows: int):
         out.append((st.version, st.stepped, st.grad_norm, st.objective.admitted, st.objective.rows, st.loss))
     scores = learner.score(batches[0])
     return {
-        "before": before, "after": learner.weights_for_engine(), "updates": out, "scores": scores,
-        "gas": learner.gas, "world": learner.world_size, "engine": type(learner.engine).__name__,
+        "before": before,
+        "after": learner.weights_for_engine(),
+        "updates": out,
+        "scores": scores,
+        "gas": learner.gas,
+        "world": learner.world_size,
+        "engine": type(learner.engine).__name__,
         "optimizer": type(learner.engine.optimizer).__name__,
     }
 
@@ -80,7 +89,9 @@ def _check_against_reference(results, batches):
         assert moved > 1e-4, "the DeepSpeed update did not change the weights"
         for k in ref_w:
             assert torch.allclose(res["after"][k], ref_w[k], atol=2e-6, rtol=1e-5), k
-        for (version, stepped, norm, admitted, rows, loss), ref in zip(res["updates"], ref_stats, strict=True):
+        for (version, stepped, norm, admitted, rows, loss), ref in zip(
+            res["updates"], ref_stats, strict=True
+        ):
             assert stepped and version == ref.version
             assert norm == pytest.approx(ref.grad_norm, rel=1e-4)
             assert admitted == ref.objective.admitted and rows == ref.objective.rows

@@ -20,9 +20,20 @@ REPO = Path(__file__).resolve().parents[2]
 def test_gpu_check_tiny_runs_and_writes_json(tmp_path):
     env = {**os.environ, "OUT": str(tmp_path)}
     proc = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "gpu_check.py"), "--tiny", "--repeats", "1",
-         "--decode-batches", "1,2"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=240,
+        [
+            sys.executable,
+            str(REPO / "benchmarks" / "gpu_check.py"),
+            "--tiny",
+            "--repeats",
+            "1",
+            "--decode-batches",
+            "1,2",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     data = json.loads((tmp_path / "gpu_check.json").read_text())
@@ -31,8 +42,9 @@ def test_gpu_check_tiny_runs_and_writes_json(tmp_path):
         assert data[key]["ms"] > 0, key
     assert data["fr_update"]["stepped"] is True and data["fr_update"]["admitted_fraction"] == 1.0
     assert data["tokens"]["policy_tokens"] > 0
-    assert set(data["decode"]) == {"1", "2"} and all(v["tokens"] == 2 * int(k) * 4 or v["tokens"] > 0
-                                                      for k, v in data["decode"].items())
+    assert set(data["decode"]) == {"1", "2"} and all(
+        v["tokens"] == 2 * int(k) * 4 or v["tokens"] > 0 for k, v in data["decode"].items()
+    )
     try:
         import deepspeed  # noqa: F401
         import openrlhf  # noqa: F401

@@ -41,8 +41,13 @@ def orl():
 
 def _policy_loss(orl, delta=DELTA, token_level=False):
     return orl.PolicyLoss(
-        clip_eps_low=0.2, clip_eps_high=0.2, token_level_loss=token_level, policy_loss_type="ppo",
-        is_correction_level="seq", is_correction_mode="mask", is_correction_gating="binary_kl",
+        clip_eps_low=0.2,
+        clip_eps_high=0.2,
+        token_level_loss=token_level,
+        policy_loss_type="ppo",
+        is_correction_level="seq",
+        is_correction_mode="mask",
+        is_correction_gating="binary_kl",
         is_correction_threshold=(0.0, delta),
     )
 
@@ -75,8 +80,14 @@ def _theirs(orl, cur, beh, mask, lengths, rewards, delta=DELTA, token_level=Fals
     sel = slice(None) if rows is None else rows
     advantages = adv[sel].unsqueeze(1).expand_as(cur[sel]) * mask[sel]
     loss, _clip, _kl, _vllm_kl, filtered = _policy_loss(orl, delta, token_level)(
-        x[sel], x[sel].detach(), advantages, action_mask=mask[sel].to(cur.dtype), rollout_log_probs=beh[sel],
-        dp_size=dp_size, batch_num_tokens=float(mask.sum()), global_batch_size=float(len(rewards)),
+        x[sel],
+        x[sel].detach(),
+        advantages,
+        action_mask=mask[sel].to(cur.dtype),
+        rollout_log_probs=beh[sel],
+        dp_size=dp_size,
+        batch_num_tokens=float(mask.sum()),
+        global_batch_size=float(len(rewards)),
     )
     loss.backward()
     return x.grad, loss, filtered

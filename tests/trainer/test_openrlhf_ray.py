@@ -28,17 +28,22 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_ray_learner_group_two_cpu_actors_match_single_process_learner(monkeypatch):
     import ray
-
     from agentenv.trainer.openrlhf_backend import OpenRLHFBackendConfig, RayLearnerGroup
 
     # the actors unpickle the model factory from tests.trainer.conftest: give them the repo on the path
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     batches = _batches()
-    ray.init(num_cpus=2, num_gpus=0, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
+    ray.init(
+        num_cpus=2, num_gpus=0, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False
+    )
     try:
         group = RayLearnerGroup(
-            functools.partial(tiny_model, 0), OPTIM, OpenRLHFBackendConfig(rows_per_update=4, zero_stage=2),
-            world_size=2, num_gpus_per_actor=0, master_addr="127.0.0.1",
+            functools.partial(tiny_model, 0),
+            OPTIM,
+            OpenRLHFBackendConfig(rows_per_update=4, zero_stage=2),
+            world_size=2,
+            num_gpus_per_actor=0,
+            master_addr="127.0.0.1",
         )
         stats = [group.update(b) for b in batches]
         weights = group.weights_for_engine()
