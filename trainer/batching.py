@@ -44,6 +44,8 @@ class PolicyBatch:
         global_batch_size: B, rows in the whole fresh batch (kept by every split).
         global_tokens: N, policy tokens in the whole fresh batch (kept by every split).
         excluded_rows: Trajectories dropped because they had no policy token.
+        source_index: Each row's position in the list given to :func:`build_batch` (ids need not be
+            unique).
     """
 
     input_ids: torch.Tensor
@@ -58,6 +60,7 @@ class PolicyBatch:
     global_batch_size: int
     global_tokens: int
     excluded_rows: int = 0
+    source_index: tuple[int, ...] = ()
 
     @property
     def num_rows(self) -> int:
@@ -90,7 +93,8 @@ class PolicyBatch:
                 x = x[:, : max(keep_len - 1, 0)]
             out[k] = x
         ids = tuple(self.ids[int(i)] for i in idx)
-        return replace(self, ids=ids, **out)
+        src = tuple(self.source_index[int(i)] for i in idx) if self.source_index else ()
+        return replace(self, ids=ids, source_index=src, **out)
 
 
 _ROW_TENSORS = (
@@ -126,7 +130,8 @@ def build_batch(trajectories: Sequence[Trajectory], pad_token_id: int = 0) -> Po
     if not trajectories:
         raise DataError("empty batch: no trajectories")
     kept: list[Trajectory] = []
-    for tr in trajectories:
+    source: list[int] = []
+    for k, tr in enumerate(trajectories):
         n = len(tr.token_ids)
         if len(tr.loss_mask) != n or len(tr.behaviour_logprobs) != n:
             raise DataError(
@@ -141,6 +146,7 @@ def build_batch(trajectories: Sequence[Trajectory], pad_token_id: int = 0) -> Po
             if m and (not math.isfinite(lp) or lp > 1e-6):
                 raise DataError(f"trajectory {tr.id}: invalid behaviour log-probability {lp!r} at token {j}")
         kept.append(tr)
+        source.append(k)
     if not kept:
         raise DataError(f"empty batch: none of the {len(trajectories)} trajectories has a policy token")
 
@@ -170,6 +176,7 @@ def build_batch(trajectories: Sequence[Trajectory], pad_token_id: int = 0) -> Po
         global_batch_size=b,
         global_tokens=int(lengths.sum()),
         excluded_rows=len(trajectories) - b,
+        source_index=tuple(source),
     )
 
 

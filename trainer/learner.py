@@ -255,19 +255,19 @@ class Learner:
         was_training = self.model.training
         self.model.eval()
         try:
-            out: dict[str, torch.Tensor] = {}
+            out: list[torch.Tensor] = [torch.zeros(0) for _ in trajectories]
             batch = build_batch(trajectories, self.pad_token_id)
             for mb in split_micro_batches(batch, self.config.micro_batch_size):
                 mb = mb.to(self.device)
                 lp, _ = token_logprobs(self.model, mb)
-                for i, tid in enumerate(mb.ids):
+                for i, (tid, k) in enumerate(zip(mb.ids, mb.source_index, strict=True)):
                     row = lp[i][mb.loss_mask[i]].float().cpu()
                     if not torch.isfinite(row).all():
                         raise DataError(f"trajectory {tid}: non-finite current log-probability")
-                    out[tid] = row
+                    out[k] = row
         finally:
             self.model.train(was_training)
-        return [out.get(tr.id, torch.zeros(0)) for tr in trajectories]
+        return out
 
     # -- gradients --------------------------------------------------------------------------------
     def prepare(
@@ -290,10 +290,11 @@ class Learner:
         batch = _replace_adv(batch, adv.float())
         admitted = None
         if scores is not None and self.config.objective == "flash_reinforce":
-            by_id = {tr.id: s for tr, s in zip(trajectories, scores, strict=True)}
+            if len(scores) != len(trajectories):
+                raise DataError(f"{len(scores)} score tensors for {len(trajectories)} trajectories")
             q = torch.zeros_like(batch.behaviour_logprobs)
-            for i, tid in enumerate(batch.ids):
-                s = by_id[tid].float().reshape(-1)
+            for i, (tid, k) in enumerate(zip(batch.ids, batch.source_index, strict=True)):
+                s = torch.as_tensor(scores[k]).float().reshape(-1)
                 if s.numel() != int(batch.lengths[i]):
                     raise DataError(
                         f"trajectory {tid}: {s.numel()} scores for {int(batch.lengths[i])} policy tokens"

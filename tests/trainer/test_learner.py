@@ -244,3 +244,17 @@ def test_entropy_filter_runs_in_learner():
     failed_tokens = sum(t.num_policy_tokens for t in trajs[1:])
     kept_failed = sum(math.ceil(0.5 * t.num_policy_tokens) for t in trajs[1:])
     assert st.kept_tokens == trajs[0].num_policy_tokens + kept_failed < trajs[0].num_policy_tokens + failed_tokens
+
+
+def test_score_and_gate_follow_positions_not_ids():
+    learner = Learner(tiny_model(12), OptimConfig(micro_batch_size=2, delta=10.0))
+    a, b = make_trajectories(2, seed=12)
+    b.id = a.id  # ids need not be unique
+    empty = Trajectory(id=a.id)
+    empty.append_environment_tokens([1, 2])
+    s = learner.score([a, empty, b])
+    assert s[1].shape == (0,)
+    torch.testing.assert_close(s[0], _manual_logprobs(learner.model, a), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(s[2], _manual_logprobs(learner.model, b), rtol=1e-5, atol=1e-5)
+    batch, adm = learner.prepare([a, empty, b], s)
+    assert batch.source_index == (0, 2) and adm.tolist() == [True, True]
