@@ -161,8 +161,11 @@ if __name__ == "__main__":
     ap.add_argument("--prompt-tokens", type=int, default=32)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--interrupt-batch", type=int, default=8)
+    ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     ap.add_argument("--repeats", type=int, default=2, help="runs of each measurement; the best is kept")
     a = ap.parse_args()
+    if a.threads:
+        torch.set_num_threads(a.threads)
     if a.dtype is None:
         a.dtype = "bfloat16" if a.device.startswith("cuda") else "float32"
     asyncio.run(main(a))
