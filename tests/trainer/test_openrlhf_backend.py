@@ -32,6 +32,9 @@ from .conftest import make_trajectories, on_policy, tiny_model  # noqa: E402
 pytestmark = pytest.mark.openrlhf
 
 OPTIM = OptimConfig(lr=1e-2, adam_eps=10.0, weight_decay=0.0, grad_clip=1.0, micro_batch_size=1, delta=1e-3)
+GRPO_OPTIM = OptimConfig(
+    objective="grpo", grpo_group_size=2, lr=1e-2, adam_eps=10.0, weight_decay=0.0, grad_clip=1.0, micro_batch_size=2
+)
 
 
 def _batches():
@@ -57,7 +60,7 @@ def _reference(batches):
     return learner.weights_for_engine(), norms, stats
 
 
-def _rank_run(rank: int, batches, zero_stage: int, rows: int):
+def _rank_run(rank: int, batches, zero_stage: int, rows: int, weights_file=None):
     from agentenv.trainer.openrlhf_backend import OpenRLHFLearner
 
     learner = OpenRLHFLearner(
@@ -69,6 +72,8 @@ def _rank_run(rank: int, batches, zero_stage: int, rows: int):
         st = learner.update(batch)
         out.append((st.version, st.stepped, st.grad_norm, st.objective.admitted, st.objective.rows, st.loss))
     scores = learner.score(batches[0])
+    if weights_file is not None:
+        learner.weights_for_engine(weights_file)
     return {
         "before": before,
         "after": learner.weights_for_engine(),
@@ -99,11 +104,21 @@ def _check_against_reference(results, batches):
     return ref_norms
 
 
-def test_world_size_1_zero2_matches_single_process_learner():
+def test_world_size_1_zero2_matches_single_process_learner(tmp_path):
     batches = _batches()
+    wfile = tmp_path / "w" / "policy.safetensors"
     (res,) = run_cpu_data_parallel(
-        functools.partial(_rank_run, batches=batches, zero_stage=2, rows=4), world_size=1, timeout_s=300
+        functools.partial(_rank_run, batches=batches, zero_stage=2, rows=4, weights_file=str(wfile)),
+        world_size=1,
+        timeout_s=300,
     )
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    on_disk = load_file(str(wfile))
+    assert set(on_disk) == set(res["after"]) and all(torch.equal(on_disk[k], res["after"][k]) for k in on_disk)
+    with safe_open(str(wfile), "pt") as f:
+        assert f.metadata()["version"] == "2"
     assert res["gas"] == 4 and res["world"] == 1  # B=4, micro 1: four accumulated micro-steps
     assert res["engine"] == "DeepSpeedEngine" and "Zero" in res["optimizer"]
     norms = _check_against_reference([res], batches)
@@ -159,15 +174,28 @@ def _rank_bad_input_then_zero0_update(rank: int, batches):
         st = learner.update(batch)
         out.append((st.version, st.stepped, st.grad_norm, st.objective.admitted, st.objective.rows, st.loss))
     res = {"before": before, "after": learner.weights_for_engine(), "updates": out}
-    return errors, skipped.stepped, skipped.version, unchanged, res, type(learner.engine.optimizer).__name__
+    opt_name = type(learner.engine.optimizer).__name__
+    # GRPO through the same backend (a second engine in the same process group), one update
+    grpo = OpenRLHFLearner(tiny_model(0), GRPO_OPTIM, OpenRLHFBackendConfig(rows_per_update=4, zero_stage=2))
+    g_stats = grpo.update(batches[0])
+    grpo_res = (g_stats.grad_norm, g_stats.objective.clipped_tokens, grpo.weights_for_engine())
+    return errors, skipped.stepped, skipped.version, unchanged, res, opt_name, grpo_res
 
 
 def test_bad_input_is_refused_then_zero0_updates_match():
     batches = _batches()
-    ((errors, stepped, version, unchanged, res, opt),) = run_cpu_data_parallel(
+    ((errors, stepped, version, unchanged, res, opt, grpo_res),) = run_cpu_data_parallel(
         functools.partial(_rank_bad_input_then_zero0_update, batches=batches), world_size=1, timeout_s=300
     )
     assert len(errors) == 2 and "rows_per_update=4" in errors[0] and "traj6-1" in errors[1]
     assert stepped is False and version == 0 and unchanged
     assert opt == "AdamW"  # ZeRO-0 fp32: DeepSpeed steps torch.optim.AdamW directly
     _check_against_reference([res], batches)
+    # GRPO (token-mean over the global N, PPO clip) also matches the single-process learner
+    ref = Learner(tiny_model(0), GRPO_OPTIM)
+    ref_stats = ref.update(batches[0])
+    norm, clipped, weights = grpo_res
+    assert norm == pytest.approx(ref_stats.grad_norm, rel=1e-4) and clipped == ref_stats.objective.clipped_tokens
+    ref_w = ref.weights_for_engine()
+    for k in ref_w:
+        assert torch.allclose(weights[k], ref_w[k], atol=2e-6, rtol=1e-5), k
