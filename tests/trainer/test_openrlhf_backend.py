@@ -33,7 +33,13 @@ pytestmark = pytest.mark.openrlhf
 
 OPTIM = OptimConfig(lr=1e-2, adam_eps=10.0, weight_decay=0.0, grad_clip=1.0, micro_batch_size=1, delta=1e-3)
 GRPO_OPTIM = OptimConfig(
-    objective="grpo", grpo_group_size=2, lr=1e-2, adam_eps=10.0, weight_decay=0.0, grad_clip=1.0, micro_batch_size=2
+    objective="grpo",
+    grpo_group_size=2,
+    lr=1e-2,
+    adam_eps=10.0,
+    weight_decay=0.0,
+    grad_clip=1.0,
+    micro_batch_size=2,
 )
 
 
@@ -116,7 +122,9 @@ def test_world_size_1_zero2_matches_single_process_learner(tmp_path):
     from safetensors.torch import load_file
 
     on_disk = load_file(str(wfile))
-    assert set(on_disk) == set(res["after"]) and all(torch.equal(on_disk[k], res["after"][k]) for k in on_disk)
+    assert set(on_disk) == set(res["after"]) and all(
+        torch.equal(on_disk[k], res["after"][k]) for k in on_disk
+    )
     with safe_open(str(wfile), "pt") as f:
         assert f.metadata()["version"] == "2"
     assert res["gas"] == 4 and res["world"] == 1  # B=4, micro 1: four accumulated micro-steps
@@ -195,7 +203,9 @@ def test_bad_input_is_refused_then_zero0_updates_match():
     ref = Learner(tiny_model(0), GRPO_OPTIM)
     ref_stats = ref.update(batches[0])
     norm, clipped, weights = grpo_res
-    assert norm == pytest.approx(ref_stats.grad_norm, rel=1e-4) and clipped == ref_stats.objective.clipped_tokens
+    assert (
+        norm == pytest.approx(ref_stats.grad_norm, rel=1e-4) and clipped == ref_stats.objective.clipped_tokens
+    )
     ref_w = ref.weights_for_engine()
     for k in ref_w:
         assert torch.allclose(weights[k], ref_w[k], atol=2e-6, rtol=1e-5), k
