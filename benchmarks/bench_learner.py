@@ -31,9 +31,9 @@ import time
 
 import torch
 import torch.nn.functional as F
-
 from agentenv.trainer.batching import build_batch, split_micro_batches
 from agentenv.trainer.learner import Learner, OptimConfig
+
 from agentenv.trajectory import Trajectory
 
 
@@ -182,10 +182,12 @@ def main() -> None:
     print(f"batch: B={args.rows} rows x {args.seq_len} tokens, micro-batch {args.micro}, "
           f"{build_batch(trajs).global_tokens} policy tokens; median of {args.reps}")
     for k in cases:
-        print(f"{k:>7}: {med[k]:8.3f} s   peak +{peaks[k]:9.1f} MiB   (runs: {', '.join(f'{x:.3f}' for x in times[k])})")
+        runs = ", ".join(f"{x:.3f}" for x in times[k])
+        print(f"{k:>7}: {med[k]:8.3f} s   peak +{peaks[k]:9.1f} MiB   (runs: {runs})")
     print(f"ratio flash/nll time {med['flash'] / med['nll']:.3f} (target <= 1.10), "
           f"memory {peaks['flash'] / max(peaks['nll'], 1e-9):.3f}")
-    print(f"ratio update/nll time {med['update'] / med['nll']:.3f}, memory {peaks['update'] / max(peaks['nll'], 1e-9):.3f}")
+    print(f"ratio update/nll time {med['update'] / med['nll']:.3f}, "
+          f"memory {peaks['update'] / max(peaks['nll'], 1e-9):.3f}")
 
 
 if __name__ == "__main__":

@@ -37,7 +37,14 @@ import torch
 
 from agentenv.errors import CheckpointError
 
-__all__ = ["CheckpointManager", "LoadedCheckpoint", "latest_checkpoint", "list_checkpoints", "load_checkpoint", "save_checkpoint"]
+__all__ = [
+    "CheckpointManager",
+    "LoadedCheckpoint",
+    "latest_checkpoint",
+    "list_checkpoints",
+    "load_checkpoint",
+    "save_checkpoint",
+]
 
 FORMAT = 1
 _NAME = re.compile(r"^v(\d{8})(?:-(\d+))?$")
@@ -77,7 +84,8 @@ def save_checkpoint(
     Args:
         root: Checkpoint root folder (created if missing).
         model: Model whose ``state_dict()`` is saved (safetensors; tied tensors are stored once each).
-        optimizer / scheduler: Saved with ``state_dict()``; None to skip.
+        optimizer: Saved with ``state_dict()``; None to skip.
+        scheduler: Saved with ``state_dict()``; None to skip.
         version: Policy version (optimizer steps).
         pool_state: JSON-serialisable pool state from the caller.
         extra: JSON-serialisable extra data.
@@ -191,7 +199,9 @@ def load_checkpoint(
 
     Args:
         path: A checkpoint folder, or a root holding ``latest``.
-        model / optimizer / scheduler: Restored in place (optimizer and scheduler optional).
+        model: Restored in place.
+        optimizer: Restored in place when given (the checkpoint must hold its state).
+        scheduler: Restored in place when given.
         restore_rng: Also restore torch/numpy/python RNG states.
         map_location: Where optimizer tensors are loaded before ``load_state_dict`` moves them.
 
@@ -270,7 +280,7 @@ class CheckpointManager:
 
     def save(self, learner: Any, *, pool_state: Mapping[str, Any] | None = None,
              extra: Mapping[str, Any] | None = None) -> Path:
-        """Save the learner's model, optimizer, scheduler and version atomically (see :func:`save_checkpoint`).
+        """Save the learner's model, optimizer, scheduler and version atomically (:func:`save_checkpoint`).
 
         Raises:
             CheckpointError: the write failed; the previous checkpoint stays the latest.
@@ -334,7 +344,7 @@ def _write_durable(path: Path, data: bytes) -> None:
 
 
 def _fsync(path: Path) -> None:
-    """fsync a file or a folder (a folder's fsync makes renames inside it durable)."""
+    """Fsync a file or a folder (a folder's fsync makes renames inside it durable)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

@@ -27,9 +27,6 @@ from typing import TYPE_CHECKING, Literal
 
 import torch
 import torch.nn.functional as F
-
-from agentenv.errors import ConfigError, DataError
-from agentenv.trajectory import Trajectory
 from agentenv.trainer.batching import PolicyBatch, build_batch, shard, split_micro_batches
 from agentenv.trainer.objectives import (
     ObjectiveStats,
@@ -41,6 +38,9 @@ from agentenv.trainer.objectives import (
     group_advantages,
     grpo_loss,
 )
+
+from agentenv.errors import ConfigError, DataError
+from agentenv.trajectory import Trajectory
 
 if TYPE_CHECKING:
     from agentenv.trainer.checkpoint import LoadedCheckpoint

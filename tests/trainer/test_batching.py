@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from agentenv.trainer.batching import build_batch, shard, split_micro_batches
 
 from agentenv.errors import DataError
 from agentenv.trajectory import Trajectory
-from agentenv.trainer.batching import build_batch, shard, split_micro_batches
 
 from .conftest import make_trajectories
 

@@ -9,10 +9,10 @@ import tempfile
 import pytest
 import torch
 import torch.multiprocessing as mp
+from agentenv.trainer.learner import Learner, OptimConfig
 
 from agentenv.errors import ConfigError, DataError
 from agentenv.trajectory import Trajectory
-from agentenv.trainer.learner import Learner, OptimConfig
 
 from .conftest import make_trajectories, on_policy, tiny_model
 
@@ -56,7 +56,8 @@ def test_gradient_matches_hand_written_loss_and_ignores_micro_batching():
     total = 0.0
     for i, tr in enumerate(trajs):
         ids = torch.tensor([tr.token_ids])
-        lp = torch.log_softmax(model(input_ids=ids).logits[0, :-1].float(), -1).gather(1, ids[0, 1:, None])[:, 0]
+        logits = model(input_ids=ids).logits[0, :-1].float()
+        lp = torch.log_softmax(logits, -1).gather(1, ids[0, 1:, None])[:, 0]
         m = torch.tensor(tr.loss_mask[1:], dtype=torch.bool)
         blp = torch.tensor(tr.behaviour_logprobs[1:])[m]
         rho = torch.exp(lp[m].detach() - blp)
@@ -74,7 +75,9 @@ def test_gradient_matches_hand_written_loss_and_ignores_micro_batching():
 
 
 def _rank_worker(rank, world, init_file, out_dir, trajs_dicts):
-    torch.distributed.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    torch.distributed.init_process_group(
+        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world
+    )
     try:
         torch.set_num_threads(1)
         learner = Learner(tiny_model(3), OptimConfig(micro_batch_size=2, delta=10.0))
@@ -87,7 +90,8 @@ def _rank_worker(rank, world, init_file, out_dir, trajs_dicts):
         _all_reduce_grads(learner._params)
         stats = _all_reduce_stats(stats)
         grads = {n: p.grad for n, p in learner.model.named_parameters()}
-        torch.save({"grads": grads, "loss": stats.loss_sum, "rows": stats.rows}, os.path.join(out_dir, f"r{rank}.pt"))
+        res = {"grads": grads, "loss": stats.loss_sum, "rows": stats.rows}
+        torch.save(res, os.path.join(out_dir, f"r{rank}.pt"))
     finally:
         torch.distributed.destroy_process_group()
 
@@ -243,7 +247,8 @@ def test_entropy_filter_runs_in_learner():
     _, st = _grads(learner, trajs)
     failed_tokens = sum(t.num_policy_tokens for t in trajs[1:])
     kept_failed = sum(math.ceil(0.5 * t.num_policy_tokens) for t in trajs[1:])
-    assert st.kept_tokens == trajs[0].num_policy_tokens + kept_failed < trajs[0].num_policy_tokens + failed_tokens
+    won = trajs[0].num_policy_tokens
+    assert st.kept_tokens == won + kept_failed < won + failed_tokens
 
 
 def test_score_and_gate_follow_positions_not_ids():
