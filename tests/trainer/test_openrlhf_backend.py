@@ -10,7 +10,8 @@ nearly ``lr * sign(g)`` with the default eps and would hide a wrongly scaled gra
 ``gas * dp`` factor). With ``adam_eps = 10`` (>> |g|) the step is close to linear in ``g``, so equal
 weights after the step mean equal gradients; the pre-clip gradient norms are compared directly too.
 Weight decay is 0 here because OpenRLHF exempts biases and norm weights from decay and the
-single-process learner does not (a documented difference, see /work/notes/openrlhf.md).
+single-process learner does not (a documented difference, see /work/notes/openrlhf.md). A 2-step
+warmup makes the two updates use lr/2 then lr, which checks the scheduler DeepSpeed steps.
 """
 
 from __future__ import annotations
@@ -31,7 +32,9 @@ from .conftest import make_trajectories, on_policy, tiny_model  # noqa: E402
 
 pytestmark = pytest.mark.openrlhf
 
-OPTIM = OptimConfig(lr=1e-2, adam_eps=10.0, weight_decay=0.0, grad_clip=1.0, micro_batch_size=1, delta=1e-3)
+OPTIM = OptimConfig(
+    lr=1e-2, adam_eps=10.0, weight_decay=0.0, grad_clip=1.0, micro_batch_size=1, delta=1e-3, warmup_steps=2
+)
 GRPO_OPTIM = OptimConfig(
     objective="grpo",
     grpo_group_size=2,
