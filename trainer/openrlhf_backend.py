@@ -659,9 +659,7 @@ class _LearnerActor:
     """
 
     def __init__(self, world_size: int, rank: int, master_addr: str | None, master_port: int | None) -> None:
-        import_openrlhf()  # flash-attn stand-in first, where flash-attn is missing
-        from openrlhf.trainer.ray.launcher import BaseDistributedActor
-
+        BaseDistributedActor = import_openrlhf().BaseDistributedActor  # noqa: N806 (flash-attn stand-in first)
         addr = master_addr or BaseDistributedActor._get_current_node_ip()
         port = master_port or BaseDistributedActor._get_free_port()
         BaseDistributedActor.__init__(self, world_size, rank, addr, port)  # type: ignore[arg-type]

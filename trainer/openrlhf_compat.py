@@ -7,12 +7,12 @@ all_gather``. flash-attn has no CPU build (its wheel needs CUDA to compile), and
 package import. The five names are used only by sample packing and ring attention, which this
 backend never enables.
 
-So, **only when the real flash-attn is not installed**, :func:`ensure_flash_attn_importable` puts a
-tiny in-memory stand-in into ``sys.modules`` (nothing is written to site-packages). Its five
-functions raise :class:`~agentenv.errors.ConfigError` if anything ever calls them. transformers does
-not mistake it for flash-attn: its check also asks for the ``flash-attn`` distribution's metadata,
-which the stand-in does not have. On a GPU machine with flash-attn installed the real one is used and
-nothing is stubbed.
+So, **only when the real flash-attn is not installed**, :func:`import_openrlhf` puts a tiny
+in-memory stand-in into ``sys.modules`` (nothing is written to site-packages) just for the duration of
+OpenRLHF's import, then removes it again: OpenRLHF keeps its references to the five stand-in functions,
+which raise :class:`~agentenv.errors.ConfigError` if anything ever calls them, and no other library
+sees a ``flash_attn`` module afterwards. On a GPU machine with flash-attn installed the real one is
+used and nothing is stubbed.
 """
 
 from __future__ import annotations
@@ -25,7 +25,12 @@ from typing import Any
 
 from agentenv.errors import ConfigError
 
-__all__ = ["ensure_flash_attn_importable", "flash_attn_is_stubbed", "import_openrlhf"]
+__all__ = [
+    "ensure_flash_attn_importable",
+    "flash_attn_is_stubbed",
+    "import_openrlhf",
+    "remove_flash_attn_stub",
+]
 
 _STUB_FLAG = "__agentenv_stub__"
 
@@ -52,18 +57,24 @@ def _module(name: str, is_package: bool, **attrs: Any) -> types.ModuleType:
     return mod
 
 
+_STUB_MODULES = ("flash_attn", "flash_attn.utils", "flash_attn.bert_padding", "flash_attn.utils.distributed")
+_used_stub = False
+
+
 def flash_attn_is_stubbed() -> bool:
-    """True when ``flash_attn`` in ``sys.modules`` is our stand-in (not the real package)."""
-    return bool(getattr(sys.modules.get("flash_attn"), _STUB_FLAG, False))
+    """True when OpenRLHF was imported against our stand-in (the real flash-attn is missing)."""
+    return _used_stub
 
 
 def ensure_flash_attn_importable() -> bool:
     """Make ``import flash_attn.bert_padding`` / ``flash_attn.utils.distributed`` succeed.
 
+    Call :func:`remove_flash_attn_stub` once the importing is done.
+
     Returns:
-        True if the stand-in was (or already is) installed, False if the real flash-attn is used.
+        True if the stand-in is installed in ``sys.modules``, False if the real flash-attn is used.
     """
-    if flash_attn_is_stubbed():
+    if getattr(sys.modules.get("flash_attn"), _STUB_FLAG, False):
         return True
     if "flash_attn" in sys.modules or importlib.util.find_spec("flash_attn") is not None:
         return False
@@ -83,31 +94,46 @@ def ensure_flash_attn_importable() -> bool:
     return True
 
 
+def remove_flash_attn_stub() -> None:
+    """Take the stand-in out of ``sys.modules`` (modules that imported from it keep their references)."""
+    for name in _STUB_MODULES:
+        if getattr(sys.modules.get(name), _STUB_FLAG, False):
+            del sys.modules[name]
+
+
 def import_openrlhf() -> types.SimpleNamespace:
     """Import the OpenRLHF pieces the backend uses, stubbing flash-attn first if it is missing.
 
     Returns:
         Namespace with ``DeepspeedStrategy``, ``PolicyLoss``, ``aggregate_loss``,
-        ``get_optimizer_grouped_parameters`` and ``version`` (OpenRLHF's version string).
+        ``get_optimizer_grouped_parameters``, ``BaseDistributedActor`` (Ray rendezvous) and
+        ``version`` (OpenRLHF's version string).
 
     Raises:
         ConfigError: OpenRLHF or DeepSpeed is not installed (run ``scripts/install_openrlhf.sh``).
     """
-    ensure_flash_attn_importable()
+    global _used_stub
+    stubbed = ensure_flash_attn_importable()
     try:
         import importlib.metadata as md
 
         from openrlhf.models.loss import PolicyLoss, aggregate_loss
+        from openrlhf.trainer.ray.launcher import BaseDistributedActor
         from openrlhf.utils.deepspeed import DeepspeedStrategy
         from openrlhf.utils.deepspeed.deepspeed_utils import get_optimizer_grouped_parameters
     except ImportError as e:  # pragma: no cover - depends on the machine
         raise ConfigError(
-            f"the OpenRLHF backend needs openrlhf + deepspeed ({e}); run scripts/install_openrlhf.sh"
+            f"the OpenRLHF backend needs openrlhf + deepspeed + ray ({e}); run scripts/install_openrlhf.sh"
         ) from e
+    finally:
+        if stubbed:
+            remove_flash_attn_stub()
+    _used_stub = _used_stub or stubbed
     return types.SimpleNamespace(
         DeepspeedStrategy=DeepspeedStrategy,
         PolicyLoss=PolicyLoss,
         aggregate_loss=aggregate_loss,
+        BaseDistributedActor=BaseDistributedActor,
         get_optimizer_grouped_parameters=get_optimizer_grouped_parameters,
         version=md.version("openrlhf"),
     )
