@@ -694,6 +694,9 @@ class VLLMWeightSync:
     ZeRO-3) is announced to the engines (``update_weight.remote``) and broadcast from rank 0. Prefix
     caches are reset so no KV block computed by the old weights is reused.
 
+    The engines' ``WorkerWrap.update_weight`` asserts that the broadcast dtype equals the vLLM model
+    dtype, so the learner must train in that dtype (``param_dtype="bf16"`` for a bf16 engine).
+
     Args:
         learner: The rank's learner.
         vllm_engines: OpenRLHF ``RolloutRayActor`` handles.
@@ -714,8 +717,9 @@ class VLLMWeightSync:
             port = _free_port()
             world = len(vllm_engines) * tensor_parallel_size + 1
             refs = [
+                # RolloutRayActor.init_process_group(addr, port, rank_offset, world, group, backend, use_ray)
                 e.init_process_group.remote(
-                    addr, port, i * tensor_parallel_size + 1, world, "agentenv", backend="nccl"
+                    addr, port, i * tensor_parallel_size + 1, world, "agentenv", "nccl", False
                 )
                 for i, e in enumerate(vllm_engines)
             ]
