@@ -7,6 +7,7 @@ import torch
 
 from agentenv.errors import ConfigError
 from agentenv.models import (
+    DEFAULT_VOCAB_SIZE,
     KNOWN_CONFIGS,
     chat_template,
     load_model_and_tokenizer,
@@ -124,6 +125,7 @@ async def test_default_model_generates_with_exact_logprobs():
 
     model, tok = load_model_and_tokenizer("default")
     assert tok.pad_token_id == tok.eos_token_id == tok.convert_tokens_to_ids("<|im_end|>")
+    assert len(tok) == DEFAULT_VOCAB_SIZE == model.config.vocab_size  # tiny_random_model's default vocab
     prompt = tok.apply_chat_template(
         [{"role": "user", "content": "What is 2+3?"}],
         add_generation_prompt=True,
