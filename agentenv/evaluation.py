@@ -407,6 +407,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--split", default="valid_seen", help="valid_seen (140 games) or valid_unseen (134)")
     p.add_argument("--model", default=None, help="model folder (default: the embedded SmolLM2-135M)")
     p.add_argument("--engine", default="transformers", choices=["transformers", "vllm"])
+    p.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=None,
+        help="vLLM memory share (default 0.9 GPU, 0.2 CPU)",
+    )
     p.add_argument("--samples-per-game", type=int, default=3, help="K episodes per game (papers: 3)")
     p.add_argument("--limit", type=int, default=None, help="play only the first N games")
     p.add_argument("--concurrency", type=int, default=4, help="games played at once")
@@ -423,23 +429,35 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _build_engine(args: argparse.Namespace) -> tuple[Any, Any]:
-    """Load the model and return ``(engine, renderer)``."""
+    """Load the model and return ``(engine, renderer)``: vLLM, or transformers (GPU if there is one)."""
+    import torch
+
     from agentenv.chat import ChatRenderer
-    from agentenv.models import load_model_and_tokenizer
+    from agentenv.models import DEFAULT_ALIASES, chat_template, load_model_and_tokenizer, resolve_model_path
 
     if args.engine == "vllm":
-        from agentenv.engines.vllm_engine import VLLMEngine
-
-        if args.model is None:
-            raise ConfigError("--engine vllm needs --model PATH")
         from transformers import AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(args.model)
-        return VLLMEngine(args.model), ChatRenderer(tokenizer)
+        from agentenv.engines.vllm_engine import VLLMEngine
+
+        path = resolve_model_path(args.model)
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        if args.model is None or str(args.model) in DEFAULT_ALIASES:
+            tokenizer.chat_template = chat_template()
+        gpu = torch.cuda.is_available()
+        # On a CPU, vLLM's "gpu_memory_utilization" is the share of host memory it reserves for KV.
+        util = args.gpu_memory_utilization or (0.9 if gpu else 0.2)
+        engine = VLLMEngine(
+            path, dtype="bfloat16" if gpu else "auto", seed=args.seed, gpu_memory_utilization=util
+        )
+        return engine, ChatRenderer(tokenizer)
     from agentenv.engines.transformers_engine import TransformersEngine
 
-    model, tokenizer = load_model_and_tokenizer(args.model)
-    return TransformersEngine(model, tokenizer), ChatRenderer(tokenizer)
+    gpu = torch.cuda.is_available()
+    model, tokenizer = load_model_and_tokenizer(
+        args.model, dtype=torch.bfloat16 if gpu else torch.float32, device="cuda" if gpu else "cpu"
+    )
+    return TransformersEngine(model, tokenizer, seed=args.seed), ChatRenderer(tokenizer)
 
 
 async def _run(args: argparse.Namespace) -> tuple[EvalReport, list[EpisodeResult]]:
