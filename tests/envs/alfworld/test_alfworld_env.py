@@ -170,3 +170,10 @@ async def test_concurrent_games_do_not_block_the_loop(seen: list[GameRef]) -> No
     for e in envs:
         await e.close()
         await e.close()
+
+
+async def test_keeps_the_env_contract(seen: list[GameRef]) -> None:
+    from agentenv.checker import check_env
+
+    report = await check_env(AlfWorldEnv(games=seen[:3], max_steps=3), actions=["look", "go to desk 1"])
+    assert "step_before_reset_raises" in report.checks and report.steps >= 3
