@@ -146,3 +146,43 @@ def test_vllm_engine_refuses_prefix_caching_in_keep_mode():
 
     with pytest.raises(ConfigError, match="prefix caching"):
         VLLMEngine("/nonexistent", continuation=ContinuationMode.KEEP, enable_prefix_caching=True)
+
+
+async def test_vllm_recompute_mode_rescores_the_prefix_under_new_weights(monkeypatch):
+    """RECOMPUTE: the running request is preempted and recomputed, so its tail is a plain new-weights pass."""
+    from transformers import AutoModelForCausalLM
+
+    from agentenv.engines.vllm_engine import VLLMEngine
+
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    path = default_model_dir()
+    old = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    new = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        for name, p in new.named_parameters():
+            if ".mlp." in name:
+                p.mul_(1.05)
+    engine = VLLMEngine(
+        "default",
+        continuation=ContinuationMode.RECOMPUTE,
+        enable_prefix_caching=True,
+        max_context_tokens=512,
+        max_batch_size=4,
+        dtype="float32",
+    )
+    try:
+        task = asyncio.create_task(engine.generate(PROMPT, SamplingParams(max_new_tokens=40, seed=5)))
+        deadline = time.monotonic() + 120
+        while not any(len(live.tokens) >= 6 for live in engine._live.values()):
+            assert time.monotonic() < deadline and not task.done()
+            await asyncio.sleep(0.005)
+        await engine.update_weights(new.state_dict(), 1)
+        out = await task
+        assert len(out.token_ids) == 40
+        assert [(s.version, s.prefix_version) for s in out.spans] == [(0, 0), (1, 1)]
+        k = out.spans[0].num_tokens
+        got = torch.tensor(out.logprobs)
+        torch.testing.assert_close(got[:k], te_logprobs(old, out.token_ids, 1.0, 1.0)[:k], atol=1e-4, rtol=0)
+        torch.testing.assert_close(got[k:], te_logprobs(new, out.token_ids, 1.0, 1.0)[k:], atol=1e-4, rtol=0)
+    finally:
+        await engine.close()
