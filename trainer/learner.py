@@ -124,6 +124,7 @@ class UpdateStats:
         mean_length: Mean policy tokens per row (tokens).
         mean_sequence_length: Mean tokens per row, prompt and observations included.
         seconds: Wall time of the update (seconds); tokens_per_second: sequence tokens / seconds.
+        extra: Backend-specific scalars merged into :meth:`to_metrics` as given.
     """
 
     version: int
@@ -243,6 +244,7 @@ class Learner:
         """Current log pi(a_t) of each trajectory's policy tokens, without gradient.
 
         Used by PACE's prefix drift and as the gate's ``q`` (pass the result to :meth:`update`).
+        The result is valid while ``version`` is unchanged; callers may cache it per version.
 
         Returns:
             One ``(T_i,)`` float32 CPU tensor per trajectory, in order (``(0,)`` for a trajectory with
@@ -363,7 +365,9 @@ class Learner:
             trajectories: The fresh batch (B rows; each rank passes the same list under
                 torch.distributed).
             scores: Optional output of :meth:`score` for these trajectories under the current
-                weights; when given, the gate uses it as ``q`` (the same q PACE's drift used).
+                weights (one ``(T_i,)`` tensor per trajectory, in order); when given, the
+                FlashREINFORCE gate uses it as ``q`` (the same q PACE's drift used) and micro-batches
+                with no admitted row of nonzero advantage skip their forward pass. GRPO ignores it.
 
         Returns:
             :class:`UpdateStats`. ``stepped`` is False (and the version unchanged) when the batch
