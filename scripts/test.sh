@@ -4,8 +4,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh --all
-# The Docker engine is started by install_docker.sh; it leaves the socket address here.
-if [ -f .cache/docker_host ]; then
-  export DOCKER_HOST="$(cat .cache/docker_host)"
-fi
+# Sourcing it again is fast (the daemon answers, the image is built) and exports DOCKER_HOST.
+source scripts/install_docker.sh
 exec .venv/bin/python -m pytest -q -ra "$@"

@@ -1,0 +1,89 @@
+"""``agentenv compare``: one recipe, four ways, the same number of updates.
+
+Runs the recipe synchronously (no overlap: the baseline) and asynchronously with the staleness
+policies ``none``, ``max_lag`` and ``pace``, each in its own run folder under ``--out``, then prints
+and writes a table of wall-clock time, reward, generation and waiting staleness and rejection rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from agentenv.configio import apply_overrides, load_config, read_yaml
+from agentenv.errors import AgentEnvError
+from agentenv.trainer.config import TrainConfig
+from agentenv.trainer.plots import read_jsonl
+from agentenv.trainer.recipe import prepare_run_dir, resolve_recipe, train
+
+#: (name, run.mode, staleness.policy)
+SETTINGS = (("sync", "sync", "sync"), ("async-none", "async", "none"),
+            ("async-max_lag", "async", "max_lag"), ("async-pace", "async", "pace"))
+
+
+def summarize(name: str, run_dir: Path) -> dict[str, Any]:
+    """One table row from a finished run folder (summary.json, metrics.jsonl, staleness.jsonl)."""
+    summary = json.loads((run_dir / "summary.json").read_text())
+    metrics = read_jsonl(run_dir / "metrics.jsonl")
+    consumed = read_jsonl(run_dir / "staleness.jsonl")
+    rejected = sum(m.get("pool/rejected", 0) for m in metrics)
+    used = len(consumed)
+    return {
+        "setting": name,
+        "updates": summary["updates"],
+        "wall_clock_s": round(summary["wall_clock_s"], 1),
+        "reward_mean": round(statistics.fmean(m["reward/mean"] for m in metrics), 4) if metrics else None,
+        "reward_last5": round(statistics.fmean(m["reward/mean"] for m in metrics[-5:]), 4) if metrics else None,
+        "gs_mean": round(statistics.fmean(c["gs"] for c in consumed), 3) if consumed else None,
+        "ws_mean": round(statistics.fmean(c["ws"] for c in consumed), 3) if consumed else None,
+        "rejection_rate": round(rejected / (rejected + used), 3) if rejected + used else 0.0,
+    }
+
+
+def markdown_table(rows: list[dict[str, Any]]) -> str:
+    """The rows as a Markdown table."""
+    cols = list(rows[0])
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(str(r[c]) for c in cols) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``agentenv compare``."""
+    ap = argparse.ArgumentParser(prog="agentenv compare", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--recipe", default="python_tool_cpu")
+    ap.add_argument("--updates", type=int, default=10)
+    ap.add_argument("--out", default="runs/compare")
+    ap.add_argument("--only", nargs="*", help="a subset of: " + ", ".join(s[0] for s in SETTINGS))
+    ap.add_argument("--overwrite", action="store_true")
+    ap.add_argument("overrides", nargs="*", help="section.field=value overrides for every setting")
+    args = ap.parse_args(argv)
+    out = Path(args.out)
+    rows = []
+    try:
+        base = apply_overrides(read_yaml(resolve_recipe(args.recipe)), args.overrides)
+        for name, mode, policy in SETTINGS:
+            if args.only and name not in args.only:
+                continue
+            data = apply_overrides(base, [f"run.mode={mode}", f"staleness.policy={policy}",
+                                          f"run.updates={args.updates}", f"run.run_dir={out / name}"])
+            cfg = load_config(TrainConfig, data)
+            cfg = replace(cfg, run=replace(cfg.run, eval_problems=0))
+            run_dir = prepare_run_dir(cfg, resume=False, overwrite=args.overwrite)
+            print(f"== {name} ==", file=sys.stderr)
+            asyncio.run(train(cfg, run_dir))
+            rows.append(summarize(name, run_dir))
+    except AgentEnvError as exc:
+        print(f"agentenv compare: {exc}", file=sys.stderr)
+        return 2
+    table = markdown_table(rows)
+    print(table)
+    (out / "compare.md").write_text(table + "\n")
+    (out / "compare.json").write_text(json.dumps(rows, indent=2))
+    return 0

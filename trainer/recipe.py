@@ -1,0 +1,286 @@
+"""``agentenv train``: asynchronous agentic RL, top to bottom.
+
+Phases, in the order they run:
+
+1. configuration: recipe YAML + command-line overrides -> :class:`TrainConfig`; the run folder.
+2. model: the policy (learner copy) and the generation engine (engine copy); an optional cached
+   tool-use warm-up for small models.
+3. rollout: a collector plays ``run.concurrency`` episodes at a time into the trajectory pool
+   (``async``: all the time; ``sync``: B episodes, then it waits for the update).
+4. update: the pool hands over a batch of B chosen by the staleness policy (PACE by default); the
+   learner takes exactly one FlashREINFORCE step; the version increments; the new weights reach the
+   engine, interrupting in-flight generation, which continues from its prefix.
+5. logging: metrics (JSONL + TensorBoard), per-trajectory staleness, checkpoints, plots.
+
+Ctrl-C stops cleanly after writing a checkpoint; ``--resume`` continues with the same versions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import copy
+import json
+import logging
+import random
+import shutil
+import signal
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from agentenv.collector import RolloutCollector
+from agentenv.configio import apply_overrides, load_config, read_yaml, to_dict
+from agentenv.errors import AgentEnvError, ConfigError, RunFolderError
+from agentenv.pool import TrajectoryPool
+from agentenv.trainer import setup
+from agentenv.trainer.checkpoint import CheckpointManager
+from agentenv.trainer.config import TrainConfig
+from agentenv.trainer.metrics import MetricsWriter
+from agentenv.trainer.plots import plot_run
+
+logger = logging.getLogger("agentenv.train")
+
+RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. configuration
+# ---------------------------------------------------------------------------------------------
+def resolve_recipe(name: str) -> Path:
+    """A recipe name (``recipes/<name>.yaml``) or a path to a YAML file.
+
+    Raises:
+        ConfigError: No such recipe; the message lists the shipped ones.
+    """
+    p = Path(name)
+    if p.suffix in (".yaml", ".yml") and p.is_file():
+        return p
+    candidate = RECIPES_DIR / f"{name}.yaml"
+    if candidate.is_file():
+        return candidate
+    known = ", ".join(sorted(q.stem for q in RECIPES_DIR.glob("*.yaml")))
+    raise ConfigError(f"unknown recipe {name!r} (shipped recipes: {known})")
+
+
+def parse_args(argv: list[str]) -> tuple[TrainConfig, argparse.Namespace]:
+    """Command line -> config. ``--section.field value`` and ``section.field=value`` override the recipe."""
+    ap = argparse.ArgumentParser(prog="agentenv train", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--recipe", help="recipe name in recipes/ or a YAML path (default: <env>_cpu)")
+    ap.add_argument("--env", help="environment id (env.id)")
+    ap.add_argument("--model", help="local model folder or mapped name (model.name); default: embedded SmolLM2-135M")
+    ap.add_argument("--run-dir", help="run folder (run.run_dir)")
+    ap.add_argument("--updates", type=int, help="optimizer steps (run.updates)")
+    ap.add_argument("--mode", choices=["async", "sync"], help="run.mode")
+    ap.add_argument("--policy", choices=["none", "max_lag", "pace", "sync"], help="staleness.policy")
+    ap.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its latest checkpoint")
+    ap.add_argument("--overwrite", action="store_true", help="delete an existing run folder first")
+    ap.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    args, rest = ap.parse_known_args(argv)
+    overrides = _dotted_overrides(rest)
+    env_id = args.env or "python_tool"
+    data = read_yaml(resolve_recipe(args.recipe or f"{env_id}_cpu"))
+    for flag, key in (("env", "env.id"), ("model", "model.name"), ("run_dir", "run.run_dir"),
+                      ("updates", "run.updates"), ("mode", "run.mode"), ("policy", "staleness.policy")):
+        value = getattr(args, flag)
+        if value is not None:
+            overrides.append(f"{key}={json.dumps(value)}")
+    if args.policy == "sync" and args.mode is None:
+        overrides.append("run.mode=sync")
+    cfg = load_config(TrainConfig, apply_overrides(data, overrides))
+    return cfg, args
+
+
+def _dotted_overrides(rest: list[str]) -> list[str]:
+    out, i = [], 0
+    while i < len(rest):
+        a = rest[i]
+        if "=" in a and not a.startswith("-"):
+            out.append(a)
+        elif a.startswith("--") and "." in a:
+            key, eq, val = a[2:].partition("=")
+            if not eq:
+                if i + 1 >= len(rest):
+                    raise ConfigError(f"{a} needs a value")
+                i += 1
+                val = rest[i]
+            out.append(f"{key.replace('-', '_')}={val}")
+        else:
+            raise ConfigError(f"unrecognised argument {a!r} (overrides look like --optim.lr 1e-5 or optim.lr=1e-5)")
+        i += 1
+    return out
+
+
+def prepare_run_dir(cfg: TrainConfig, *, resume: bool, overwrite: bool) -> Path:
+    """Create the run folder, refusing to write into an existing run unless asked.
+
+    Raises:
+        RunFolderError: The folder holds a run and neither ``--resume`` nor ``--overwrite`` was given,
+            or ``--resume`` was given for a folder with no run.
+    """
+    run_dir = Path(cfg.run.run_dir)
+    exists = (run_dir / "config.yaml").exists()
+    if resume:
+        if not exists:
+            raise RunFolderError(f"--resume: {run_dir} holds no run (no config.yaml)")
+        return run_dir
+    if run_dir.exists() and any(run_dir.iterdir()):
+        if not overwrite:
+            raise RunFolderError(f"{run_dir} already holds files; pass --overwrite to replace them or --resume to continue")
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    return run_dir
+
+
+# ---------------------------------------------------------------------------------------------
+# 2-5. the loop
+# ---------------------------------------------------------------------------------------------
+async def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False, stop: asyncio.Event | None = None) -> dict[str, Any]:
+    """Train for ``cfg.run.updates`` updates and return the final summary (also written to ``summary.json``)."""
+    stop = stop or asyncio.Event()
+    random.seed(cfg.run.seed)
+    torch.manual_seed(cfg.run.seed)
+    t_start = time.time()
+
+    # 2. model: learner copy + engine copy (+ cached warm-up)
+    model, tokenizer, renderer = setup.load_policy(cfg)
+    learner = setup.build_learner(cfg, model)
+    engine = setup.build_engine(cfg, copy.deepcopy(model), tokenizer)
+    env_factory = setup.env_factory(cfg)
+    pool = TrajectoryPool(cfg.staleness)
+    checkpoints = CheckpointManager(run_dir / "checkpoints")
+    metrics = MetricsWriter(run_dir)
+
+    collector = RolloutCollector(
+        env_factory,
+        engine,
+        renderer,
+        cfg.rollout,
+        pool.add,
+        concurrency=cfg.run.concurrency,
+        version_fn=lambda: learner.version,
+        first_seed=cfg.run.seed * 1_000_003,
+        admit=lambda: len(pool) < cfg.run.max_pool_size,
+    )
+    if resume:
+        extra = checkpoints.load_latest(learner)
+        pool.load_state_dict(extra["pool"])
+        collector.next_seed = extra["next_seed"]
+        await engine.update_weights(learner.weights_for_engine(), learner.version)
+        logger.info("resumed at policy version %d", learner.version)
+
+    summary: dict[str, Any] = {}
+    progress = setup.progress_bar(total=cfg.run.updates, initial=learner.version)
+    staleness_log = (run_dir / "staleness.jsonl").open("a")
+    decisions_log = (run_dir / "decisions.jsonl").open("a")
+    try:
+        if cfg.run.mode == "async":
+            await collector.start()
+        while learner.version < cfg.run.updates and not stop.is_set():
+            # 3. rollout (sync mode: generate exactly B, nothing overlaps with training)
+            t_wait = time.time()
+            if cfg.run.mode == "sync":
+                for traj in await collector.collect(cfg.run.batch_size):
+                    pool.add(traj)
+            rejected_now: list[Any] = []
+
+            def on_decision(sel: Any) -> None:
+                rejected_now.extend(sel.rejected)
+                if cfg.staleness.requeue_rejected:
+                    for traj in sel.rejected:
+                        collector.requeue(traj)
+                decisions_log.write(json.dumps(sel.decision.to_dict()) + "\n")
+
+            selection = await next_batch(pool, learner, cfg, stop, on_decision)
+            decisions_log.flush()
+            if selection is None:
+                break
+            wait_s = time.time() - t_wait
+
+            # 4. update: one optimizer step on this fresh batch, then the weights go to the engine
+            t_update = time.time()
+            stats = await asyncio.to_thread(learner.update, selection.batch, scores=selection.scores)
+            update_s = time.time() - t_update
+            await engine.update_weights(learner.weights_for_engine(), learner.version)
+
+            # 5. logging
+            row = setup.update_metrics(learner.version, selection, stats, pool, collector, wait_s, update_s, t_start)
+            row["pool/rejected"] = len(rejected_now)
+            metrics.log(learner.version, row)
+            for traj in selection.batch:
+                staleness_log.write(json.dumps(setup.consumed_record(traj, learner.version - 1)) + "\n")
+            staleness_log.flush()
+            progress.update(1)
+            progress.set_postfix(setup.postfix(row), refresh=False)
+            if learner.version % cfg.run.checkpoint_every == 0:
+                checkpoints.save(learner, extra={"pool": pool.state_dict(), "next_seed": collector.next_seed})
+            summary = row
+    finally:
+        progress.close()
+        staleness_log.close()
+        decisions_log.close()
+        await collector.close()
+        checkpoints.save(learner, extra={"pool": pool.state_dict(), "next_seed": collector.next_seed})
+        await engine.close()
+        metrics.close()
+        plot_run(run_dir)
+    summary = {**summary, "updates": learner.version, "wall_clock_s": time.time() - t_start,
+               "interrupted": stop.is_set()}
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+async def next_batch(pool: TrajectoryPool, learner: Any, cfg: TrainConfig, stop: asyncio.Event,
+                     on_decision: Any) -> Any:
+    """Wait until the pool yields a full batch of B under the staleness policy (None when stopped).
+
+    Every selection attempt is a logged decision: ``on_decision(selection)`` sees each one, also
+    the attempts that rejected trajectories but left too few for a batch.
+    """
+    scorer = learner.score if cfg.staleness.policy == "pace" and cfg.staleness.drift_mode == "scoring" else None
+    while not stop.is_set():
+        if len(pool) >= cfg.run.batch_size:
+            selection = pool.select_batch(cfg.run.batch_size, learner.version, drift_scorer=scorer)
+            on_decision(selection)
+            if selection.batch:
+                return selection
+        await asyncio.sleep(0.05)
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``agentenv train``; returns the process exit code."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        cfg, args = parse_args(list(sys.argv[1:] if argv is None else argv))
+        if args.print_config:
+            print(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+            return 0
+        run_dir = prepare_run_dir(cfg, resume=args.resume, overwrite=args.overwrite)
+        if args.resume:
+            cfg = replace(load_config(TrainConfig, read_yaml(run_dir / "config.yaml")), run=cfg.run)
+    except AgentEnvError as exc:
+        print(f"agentenv train: {exc}", file=sys.stderr)
+        return 2
+    print(f"agentenv train: run folder {run_dir}", file=sys.stderr)
+
+    async def run() -> dict[str, Any]:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGINT, stop.set)  # Ctrl-C: finish the update, checkpoint, stop
+        loop.add_signal_handler(signal.SIGTERM, stop.set)
+        return await train(cfg, run_dir, resume=args.resume, stop=stop)
+
+    try:
+        summary = asyncio.run(run())
+    except AgentEnvError as exc:
+        print(f"agentenv train: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(summary, indent=2))
+    return 130 if summary.get("interrupted") else 0
