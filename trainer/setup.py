@@ -67,7 +67,8 @@ def warmed_up(cfg: TrainConfig, model: torch.nn.Module, tokenizer: Any, renderer
     """The model after the scripted tool-use warm-up, computed once and cached by its settings."""
     import random
 
-    from agentenv.envs.python_tool import PythonToolEnv, format_tool_result
+    from agentenv.envs.python_tool import PythonToolEnv, format_result
+    from agentenv.sandboxes.base import ExecResult, ExecStatus
     from agentenv.trainer.warmup import build_transcript, scripted_problem, sft_warmup
 
     key = hashlib.sha256(json.dumps([cfg.model.name, to_dict(cfg.warmup), 2]).encode()).hexdigest()[:12]
@@ -81,7 +82,8 @@ def warmed_up(cfg: TrainConfig, model: torch.nn.Module, tokenizer: Any, renderer
     encode = lambda s: tokenizer.encode(s, add_special_tokens=False)  # noqa: E731 (scripted text, not sampled)
     examples = [
         build_transcript(renderer, encode, scripted_problem(rng), system=PythonToolEnv.system_prompt,
-                         tools=PythonToolEnv.tools, format_observation=format_tool_result)
+                         tools=PythonToolEnv.tools,
+                         format_observation=lambda out: format_result(ExecResult(ExecStatus.OK, stdout=out), 4000))
         for _ in range(cfg.warmup.num_examples)
     ]
     t0 = time.time()
