@@ -20,7 +20,7 @@ PYTHON=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
-export PIP=".venv/bin/python -m pip"
+export PIP=".venv/bin/pip"
 $PIP install -q --upgrade pip >/dev/null 2>&1 || true
 # torch first: on these machines 2.13.0 (CPU build) installs from local disk; elsewhere from PyPI.
 $PIP install -q "torch==2.13.0"
