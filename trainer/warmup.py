@@ -170,8 +170,8 @@ def sft_warmup(
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        losses.append(float(loss))
+        losses.append(loss.item())
         if log:
-            log(step, float(loss))
+            log(step, losses[-1])
     model.eval()
     return losses

@@ -1,0 +1,75 @@
+"""The training recipe: config errors, run-folder safety, and one real end-to-end update on the CPU default."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from agentenv.errors import ConfigError, RunFolderError
+from agentenv.trainer.recipe import main, parse_args, prepare_run_dir
+
+
+def test_overrides_reach_the_typed_config():
+    cfg, _ = parse_args(["--updates", "3", "--optim.lr", "1e-5", "rollout.max_turns=5", "--policy", "max_lag"])
+    assert cfg.run.updates == 3 and cfg.optim.lr == 1e-5 and cfg.rollout.max_turns == 5
+    assert cfg.staleness.policy == "max_lag" and cfg.run.mode == "async"
+    cfg, _ = parse_args(["--policy", "sync"])
+    assert cfg.run.mode == "sync"
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["optim.lr=fast"], "optim.lr"),
+        (["run.batchsize=4"], "unknown field"),
+        (["--recipe", "nope"], "unknown recipe"),
+        (["--mode", "async", "staleness.policy=sync"], "needs run.mode"),
+        (["run.max_pool_size=2"], "max_pool_size"),
+    ],
+)
+def test_bad_configs_fail_with_a_clear_error(argv, needle):
+    with pytest.raises(ConfigError, match=needle):
+        parse_args(argv)
+
+
+def test_unknown_env_is_a_clear_error(tmp_path, capsys):
+    rc = main(["--env", "no_such_env", "--recipe", "python_tool_cpu", "--run-dir", str(tmp_path / "r"),
+               "warmup.steps=0", "--updates", "1"])
+    assert rc == 1
+    assert "no environment 'no_such_env'" in capsys.readouterr().err
+
+
+def test_run_folder_is_never_overwritten_silently(tmp_path):
+    cfg, _ = parse_args(["--run-dir", str(tmp_path / "run")])
+    run = prepare_run_dir(cfg, resume=False, overwrite=False)
+    (run / "metrics.jsonl").write_text("{}\n")
+    with pytest.raises(RunFolderError, match="--overwrite"):
+        prepare_run_dir(cfg, resume=False, overwrite=False)
+    assert (run / "metrics.jsonl").read_text() == "{}\n"
+    prepare_run_dir(cfg, resume=False, overwrite=True)
+    assert not (run / "metrics.jsonl").exists()
+    with pytest.raises(RunFolderError, match="holds no run"):
+        prepare_run_dir(parse_args(["--run-dir", str(tmp_path / "empty")])[0], resume=True, overwrite=False)
+
+
+@pytest.mark.slow
+def test_two_async_updates_with_the_default_model_then_resume(tmp_path):
+    run = tmp_path / "run"
+    common = ["--run-dir", str(run), "warmup.steps=1", "run.batch_size=2", "run.concurrency=2",
+              "run.max_pool_size=4", "rollout.max_new_tokens_per_turn=24", "rollout.max_total_tokens=64",
+              "env.kwargs.sandbox_backend=process"]
+    assert main(common + ["--updates", "2"]) == 0
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["update"] for r in rows] == [1, 2]
+    consumed = [json.loads(line) for line in (run / "staleness.jsonl").read_text().splitlines()]
+    assert len(consumed) == 4  # B = 2 trajectories per update
+    assert all(c["gs"] >= 0 and c["ws"] >= 0 for c in consumed)
+    assert (run / "checkpoints" / "latest").read_text().strip().endswith("00002")
+    for name in ("reward.png", "gs_hist.png", "ws_hist.png", "pool.png"):
+        assert (run / "plots" / name).stat().st_size > 1000
+    # --resume continues with the same version numbering
+    assert main(common + ["--updates", "3", "--resume"]) == 0
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["update"] for r in rows] == [1, 2, 3]
+    assert json.loads((run / "summary.json").read_text())["updates"] == 3
