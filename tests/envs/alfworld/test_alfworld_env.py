@@ -165,8 +165,12 @@ async def test_concurrent_games_do_not_block_the_loop(seen: list[GameRef]) -> No
     await tick
     assert [i["game_index"] for _, i in infos] == [0, 30, 60, 90]
     assert len({i["task_type"] for _, i in infos}) >= 2
-    # The loop kept ticking while the games loaded: no gap near a reset's duration.
-    assert elapsed > 0.5 and max(gaps) < 0.25, (elapsed, max(gaps))
+    # The loop kept ticking while the games loaded: a reset run on the loop would stall it for a
+    # whole reset (about elapsed / 4, the resets share one TextWorld lock); no gap comes near half of
+    # that. Relative to the measured time, so a loaded CI machine does not make it flaky.
+    per_reset = elapsed / 4
+    assert elapsed > 0.5 and max(gaps) < per_reset / 2, (elapsed, per_reset, max(gaps))
+    assert len(gaps) >= 10
     for e in envs:
         await e.close()
         await e.close()
