@@ -12,7 +12,6 @@ import asyncio
 import json
 import statistics
 import sys
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +73,6 @@ def main(argv: list[str] | None = None) -> int:
             data = apply_overrides(base, [f"run.mode={mode}", f"staleness.policy={policy}",
                                           f"run.updates={args.updates}", f"run.run_dir={out / name}"])
             cfg = load_config(TrainConfig, data)
-            cfg = replace(cfg, run=replace(cfg.run, eval_problems=0))
             run_dir = prepare_run_dir(cfg, resume=False, overwrite=args.overwrite)
             print(f"== {name} ==", file=sys.stderr)
             asyncio.run(train(cfg, run_dir))

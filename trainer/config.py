@@ -74,8 +74,6 @@ class RunConfig:
     """Back-pressure: no new episode starts while this many trajectories wait in the pool."""
     checkpoint_every: int = 10
     """Updates between checkpoints (a final one is always written)."""
-    eval_problems: int = 0
-    """Held-out problems graded before and after training (0 skips the evaluation)."""
     seed: int = 0
     """Seeds torch, the task stream and the sampler."""
 
