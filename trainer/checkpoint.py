@@ -9,6 +9,8 @@ Layout under a checkpoint root::
         trainer.pt            # optimizer + scheduler state dicts
         rng.pt                # torch (CPU and CUDA), numpy and python RNG states
         meta.json             # version, pool state, extra, and size + sha256 of every file above
+        deepspeed/...         # only for the OpenRLHF/DeepSpeed learners: DeepSpeed's own (sharded)
+                              # module, optimizer and scheduler states, written by ``write_state``
 
 A save writes everything into a fresh temporary folder in ``root`` (same file system), fsyncs each
 file and the folder, renames the folder to its final name, fsyncs ``root``, then replaces ``latest``
@@ -27,7 +29,7 @@ import random
 import re
 import shutil
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -71,25 +73,30 @@ class LoadedCheckpoint:
 def save_checkpoint(
     root: Path | str,
     *,
-    model: torch.nn.Module,
+    model: torch.nn.Module | Mapping[str, torch.Tensor],
     optimizer: torch.optim.Optimizer | None,
     scheduler: Any | None,
     version: int,
     pool_state: Mapping[str, Any] | None = None,
     extra: Mapping[str, Any] | None = None,
     keep: int = 2,
+    write_state: Callable[[Path], None] | None = None,
 ) -> Path:
     """Write a complete checkpoint atomically and point ``root/latest`` at it.
 
     Args:
         root: Checkpoint root folder (created if missing).
-        model: Model whose ``state_dict()`` is saved (safetensors; tied tensors are stored once each).
+        model: Model whose ``state_dict()`` is saved (safetensors; tied tensors are stored once each),
+            or the full state dict itself (a learner whose weights live elsewhere, e.g. Ray actors).
         optimizer: Saved with ``state_dict()``; None to skip.
         scheduler: Saved with ``state_dict()``; None to skip.
         version: Policy version (optimizer steps).
         pool_state: JSON-serialisable pool state from the caller.
         extra: JSON-serialisable extra data.
         keep: Complete checkpoints to keep (oldest pruned after ``latest`` moved); 0 keeps all.
+        write_state: Called with the unpublished checkpoint folder to write further files into it
+            (DeepSpeed's ``save_checkpoint``); every file under the folder is checksummed in
+            ``meta.json`` and published atomically with the rest.
 
     Returns:
         The new checkpoint folder.
@@ -113,7 +120,8 @@ def save_checkpoint(
         root.mkdir(parents=True, exist_ok=True)
         tmp = root / f".tmp-{uuid.uuid4().hex}"
         tmp.mkdir()
-        sd = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in model.state_dict().items()}
+        src = model if isinstance(model, Mapping) else model.state_dict()
+        sd = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in src.items()}
         save_file(sd, str(tmp / "model.safetensors"), metadata={"version": str(version)})
         trainer_state = {
             "optimizer": optimizer.state_dict() if optimizer is not None else None,
@@ -121,10 +129,13 @@ def save_checkpoint(
         }
         torch.save(trainer_state, tmp / "trainer.pt")
         torch.save(_rng_state(), tmp / "rng.pt")
+        if write_state is not None:
+            write_state(tmp)
         files = {}
-        for name in ("model.safetensors", "trainer.pt", "rng.pt"):
-            _fsync(tmp / name)
-            files[name] = {"size": (tmp / name).stat().st_size, "sha256": _sha256(tmp / name)}
+        for f in sorted(q for q in tmp.rglob("*") if q.is_file()):
+            name = f.relative_to(tmp).as_posix()
+            _fsync(f)
+            files[name] = {"size": f.stat().st_size, "sha256": _sha256(f)}
         body = json.loads(meta_body)
         meta = {"format": FORMAT, "version": int(version), "files": files, **body}
         _write_durable(tmp / "meta.json", json.dumps(meta, indent=1).encode())
@@ -187,11 +198,12 @@ def latest_checkpoint(root: Path | str) -> Path | None:
 def load_checkpoint(
     path: Path | str,
     *,
-    model: torch.nn.Module,
+    model: torch.nn.Module | None,
     optimizer: torch.optim.Optimizer | None = None,
     scheduler: Any | None = None,
     restore_rng: bool = True,
     map_location: str | torch.device = "cpu",
+    read_state: Callable[[Path], None] | None = None,
 ) -> LoadedCheckpoint:
     """Verify and restore a checkpoint folder, or the newest one when ``path`` is a root.
 
@@ -199,11 +211,15 @@ def load_checkpoint(
 
     Args:
         path: A checkpoint folder, or a root holding ``latest``.
-        model: Restored in place.
+        model: Restored in place (keys and shapes checked first); None leaves the weights to
+            ``read_state``.
         optimizer: Restored in place when given (the checkpoint must hold its state).
         scheduler: Restored in place when given.
         restore_rng: Also restore torch/numpy/python RNG states.
         map_location: Where optimizer tensors are loaded before ``load_state_dict`` moves them.
+        read_state: Called with the verified checkpoint folder after the model and optimizer are
+            restored, to restore the files ``save_checkpoint(write_state=...)`` added (DeepSpeed's
+            ``load_checkpoint``).
 
     Returns:
         :class:`LoadedCheckpoint` with the version, pool state and extra.
@@ -236,7 +252,7 @@ def load_checkpoint(
         weights = load_file(str(path / "model.safetensors"))
         trainer_state = torch.load(path / "trainer.pt", map_location=map_location, weights_only=True)
         rng = torch.load(path / "rng.pt", weights_only=True)
-        own = model.state_dict()
+        own = model.state_dict() if model is not None else weights
         if set(own) != set(weights):
             diff = sorted(set(own) ^ set(weights))[:5]
             raise CheckpointError(f"{path}: model keys differ from the checkpoint's (e.g. {diff})")
@@ -252,13 +268,16 @@ def load_checkpoint(
             f"{path}: cannot read checkpoint ({e}); other checkpoints: {_others(path)}"
         ) from e
     # Everything verified: apply.
-    model.load_state_dict(weights)
+    if model is not None:
+        model.load_state_dict(weights)
     if optimizer is not None:
         if trainer_state["optimizer"] is None:
             raise CheckpointError(f"{path}: holds no optimizer state")
         optimizer.load_state_dict(trainer_state["optimizer"])
     if scheduler is not None and trainer_state["scheduler"] is not None:
         scheduler.load_state_dict(trainer_state["scheduler"])
+    if read_state is not None:
+        read_state(path)
     if restore_rng:
         _set_rng_state(rng)
     return LoadedCheckpoint(
@@ -267,7 +286,11 @@ def load_checkpoint(
 
 
 class CheckpointManager:
-    """Checkpoints of a :class:`agentenv.trainer.learner.Learner` under one root folder.
+    """Checkpoints of a learner under one root folder.
+
+    The learner writes and restores itself: ``learner.save(root, pool_state=, extra=, keep=)`` and
+    ``learner.restore(root)`` (:class:`agentenv.trainer.learner.Learner`, and the OpenRLHF/DeepSpeed
+    learners of :mod:`agentenv.trainer.openrlhf_backend`, which add DeepSpeed's own state files).
 
     Args:
         root: Checkpoint root (e.g. ``run_dir / "checkpoints"``).
@@ -285,10 +308,7 @@ class CheckpointManager:
         Raises:
             CheckpointError: the write failed; the previous checkpoint stays the latest.
         """
-        return save_checkpoint(
-            self.root, model=learner.model, optimizer=learner.optimizer, scheduler=learner.scheduler,
-            version=learner.version, pool_state=pool_state, extra=extra, keep=self.keep,
-        )
+        return learner.save(self.root, pool_state=pool_state, extra=extra, keep=self.keep)
 
     def load_latest(self, learner: Any) -> dict[str, Any]:
         """Restore the newest checkpoint into ``learner`` (its ``version`` included).
@@ -303,10 +323,7 @@ class CheckpointManager:
         """
         if latest_checkpoint(self.root) is None:
             raise CheckpointError(f"no checkpoint to resume from under {self.root}")
-        loaded = load_checkpoint(
-            self.root, model=learner.model, optimizer=learner.optimizer, scheduler=learner.scheduler
-        )
-        learner.version = loaded.version
+        loaded = learner.restore(self.root)  # sets learner.version
         extra = dict(loaded.extra)
         if loaded.pool_state:
             extra.setdefault("pool_state", loaded.pool_state)

@@ -461,6 +461,64 @@ class OpenRLHFLearner:
             norm = float(self.strategy.get_grad_norm(self.engine))
         return stats, norm
 
+    # -- checkpoints ------------------------------------------------------------------------------
+    def save(
+        self, root: Path | str, *, pool_state: dict | None = None, extra: dict | None = None, keep: int = 2
+    ) -> Path:
+        """Checkpoint atomically: full weights (``model.safetensors``) plus DeepSpeed's own state.
+
+        DeepSpeed's ``engine.save_checkpoint`` writes the module, the (ZeRO-partitioned) optimizer
+        and the scheduler under ``<checkpoint>/deepspeed``; the folder is published like the
+        single-process learner's (:func:`agentenv.trainer.checkpoint.save_checkpoint`). Single
+        process only: ranks in other processes save through :class:`RayLearnerGroup`.
+
+        Raises:
+            CheckpointError: the write failed; the previous checkpoint stays the latest.
+        """
+        from agentenv.trainer.checkpoint import save_checkpoint
+
+        if self.world_size > 1:
+            raise ConfigError("OpenRLHFLearner.save runs in one process; save data-parallel ranks through "
+                              "RayLearnerGroup.save (every rank writes its optimizer shard)")
+        return save_checkpoint(
+            root, model=self.weights_for_engine(), optimizer=None, scheduler=None, version=self.version,
+            pool_state=pool_state, extra=extra, keep=keep, write_state=self.save_state,
+        )
+
+    def restore(self, path: Path | str) -> Any:
+        """Resume from a checkpoint folder or root written by :meth:`save` (version included).
+
+        Raises:
+            CheckpointError: missing or corrupt checkpoint, or one without DeepSpeed state (nothing
+                is restored then).
+        """
+        from agentenv.trainer.checkpoint import load_checkpoint
+
+        loaded = load_checkpoint(path, model=None, read_state=self.load_state)
+        self.version = loaded.version
+        return loaded
+
+    def save_state(self, folder: Path | str) -> None:
+        """DeepSpeed's ``save_checkpoint`` into ``folder/deepspeed`` (collective: every rank calls it)."""
+        self.engine.save_checkpoint(str(Path(folder) / "deepspeed"), tag="state", save_latest=False)
+
+    def load_state(self, folder: Path | str) -> None:
+        """DeepSpeed's ``load_checkpoint`` from ``folder/deepspeed`` (collective: every rank calls it).
+
+        Raises:
+            CheckpointError: the folder holds no DeepSpeed state (a single-process learner's checkpoint).
+        """
+        from agentenv.errors import CheckpointError
+
+        state = Path(folder) / "deepspeed"
+        if not (state / "state").is_dir():
+            raise CheckpointError(f"{folder} holds no DeepSpeed state (saved by another learner backend?)")
+        loaded, _ = self.engine.load_checkpoint(
+            str(state), tag="state", load_optimizer_states=True, load_lr_scheduler_states=True
+        )
+        if loaded is None:
+            raise CheckpointError(f"DeepSpeed could not load the state under {state}")
+
     # -- weights ----------------------------------------------------------------------------------
     def weights_for_engine(self, path: Path | str | None = None) -> dict[str, torch.Tensor] | Path:
         """The full policy weights, as :meth:`Learner.weights_for_engine` (dict, or a safetensors file).
@@ -624,6 +682,7 @@ class RayLearnerGroup:
         addr, port = ray.get(first.get_master_addr_port.remote())
         self.actors = [first] + [actor_cls.remote(world_size, r, addr, port) for r in range(1, world_size)]
         ray.get([a.init_learner.remote(model_factory, optim, backend) for a in self.actors])
+        self._version = 0
 
     def _all(self, method: str, *args: Any, **kwargs: Any) -> Any:
         import ray
@@ -634,7 +693,9 @@ class RayLearnerGroup:
         self, trajectories: Sequence[Trajectory], *, scores: Sequence[torch.Tensor] | None = None
     ) -> UpdateStats:
         """One optimizer step on every actor; rank 0's :class:`UpdateStats`."""
-        return self._all("update", list(trajectories), scores=scores)
+        stats = self._all("update", list(trajectories), scores=scores)
+        self._version = stats.version
+        return stats
 
     def score(self, trajectories: Sequence[Trajectory]) -> list[torch.Tensor]:
         """Current log-probabilities per trajectory (see :meth:`OpenRLHFLearner.score`)."""
@@ -642,12 +703,50 @@ class RayLearnerGroup:
 
     @property
     def version(self) -> int:
-        """Policy version of rank 0."""
-        return self._all("get_version")
+        """Policy version (kept here, so reading it never waits for a running update)."""
+        return self._version
 
     def weights_for_engine(self, path: str | None = None) -> Any:
         """Full weights (or a file written by rank 0); ZeRO-3 gathers on all actors."""
         return self._all("weights_for_engine", path)
+
+    def save(self, root: Path | str, *, pool_state: dict | None = None, extra: dict | None = None,
+             keep: int = 2) -> Path:
+        """Checkpoint as :meth:`OpenRLHFLearner.save`: rank 0's full weights, then every actor's
+        DeepSpeed state into the same unpublished folder (one node, or a folder all nodes share).
+
+        Raises:
+            CheckpointError: the write failed; the previous checkpoint stays the latest.
+        """
+        import ray
+
+        from agentenv.trainer.checkpoint import save_checkpoint
+
+        def write_state(folder: Path) -> None:
+            ray.get([a.save_state.remote(str(folder)) for a in self.actors])
+
+        return save_checkpoint(
+            root, model=self.weights_for_engine(), optimizer=None, scheduler=None, version=self._version,
+            pool_state=pool_state, extra=extra, keep=keep, write_state=write_state,
+        )
+
+    def restore(self, path: Path | str) -> Any:
+        """Resume every actor from a checkpoint written by :meth:`save` (version included).
+
+        Raises:
+            CheckpointError: missing or corrupt checkpoint, or one without DeepSpeed state.
+        """
+        import ray
+
+        from agentenv.trainer.checkpoint import load_checkpoint
+
+        def read_state(folder: Path) -> None:
+            ray.get([a.load_state.remote(str(folder)) for a in self.actors])
+
+        loaded = load_checkpoint(path, model=None, read_state=read_state)
+        ray.get([a.set_version.remote(loaded.version) for a in self.actors])
+        self._version = loaded.version
+        return loaded
 
 
 class _LearnerActor:
@@ -680,6 +779,15 @@ class _LearnerActor:
 
     def get_version(self) -> int:
         return self.learner.version
+
+    def set_version(self, version: int) -> None:
+        self.learner.version = version
+
+    def save_state(self, folder: str) -> None:
+        self.learner.save_state(folder)
+
+    def load_state(self, folder: str) -> None:
+        self.learner.load_state(folder)
 
     def weights_for_engine(self, path: str | None = None) -> Any:
         return self.learner.weights_for_engine(path)

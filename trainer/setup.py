@@ -38,7 +38,16 @@ def select_problems(name: str, max_chars: int | None) -> list[Any] | None:
 
 
 def env_factory(cfg: TrainConfig) -> Callable[[], Env]:
-    """A builder of training environments: ``make(cfg.env.id, ...)`` with the recipe's settings."""
+    """A builder of training environments: ``make(cfg.env.id, ...)`` with the recipe's settings.
+
+    ``python_tool`` plays ``env.dataset`` (optionally only problems of at most ``env.max_problem_chars``);
+    ``alfworld`` plays the ``train`` split unless ``env.kwargs.split`` says otherwise, listed once
+    here; both end an episode after ``rollout.max_turns`` turns.
+
+    Raises:
+        EnvNotFound: ``env.id`` is not registered.
+        DataError: The data set or ALFWorld split cannot be read.
+    """
     kwargs = dict(cfg.env.kwargs)
     if cfg.env.id == "python_tool":
         kwargs.setdefault("dataset", cfg.env.dataset)
@@ -46,6 +55,12 @@ def env_factory(cfg: TrainConfig) -> Callable[[], Env]:
         problems = select_problems(cfg.env.dataset, cfg.env.max_problem_chars)
         if problems is not None:
             kwargs["problems"] = problems
+    elif cfg.env.id == "alfworld":  # the train split (3553 games; extracted into the cache once)
+        from agentenv.envs.alfworld import list_games
+
+        kwargs.setdefault("split", "train")
+        kwargs.setdefault("max_steps", cfg.rollout.max_turns)
+        kwargs.setdefault("games", list_games(kwargs["split"], kwargs.get("data_root")))
     make(cfg.env.id, **kwargs)  # fail now, with a clear error, rather than inside a worker
     return lambda: make(cfg.env.id, **kwargs)
 
@@ -104,10 +119,10 @@ def warmed_up(cfg: TrainConfig, model: torch.nn.Module, tokenizer: Any, renderer
 
 
 def build_learner(cfg: TrainConfig, model: torch.nn.Module) -> Any:
-    """The single-process learner (CPU or one GPU) on ``model``."""
-    from agentenv.trainer.learner import Learner
+    """The learner of ``cfg.learner.backend`` on ``model`` (:func:`agentenv.trainer.learner_backends.build_learner`)."""
+    from agentenv.trainer.learner_backends import build_learner as build
 
-    return Learner(model, cfg.optim)
+    return build(cfg, model, warmed_up=cfg.warmup.steps > 0 and cfg.env.id == "python_tool")
 
 
 def build_engine(cfg: TrainConfig, model: torch.nn.Module, tokenizer: Any) -> Any:

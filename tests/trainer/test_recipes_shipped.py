@@ -1,0 +1,73 @@
+"""Every shipped recipe loads into TrainConfig by name and holds the values it claims; the learner
+section is typed and checked (fast: no model, no process group)."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentenv.errors import ConfigError
+from agentenv.trainer.recipe import RECIPES_DIR, parse_args, resolve_recipe
+
+SHIPPED = {"python_tool_cpu", "alfworld_cpu", "python_tool_qwen2.5_7b", "alfworld_qwen2.5_7b"}
+
+
+def test_every_shipped_recipe_loads_by_name():
+    found = {p.stem for p in RECIPES_DIR.glob("*.yaml")}
+    assert found == SHIPPED
+    for name in sorted(found):
+        assert resolve_recipe(name) == RECIPES_DIR / f"{name}.yaml"
+        cfg, _ = parse_args(["--recipe", name])
+        assert cfg.env.id == name.split("_cpu")[0].split("_qwen")[0]
+        assert cfg.run.run_dir == f"runs/{name}"
+
+
+def test_env_picks_its_cpu_recipe_and_alfworld_has_no_warmup():
+    cfg, _ = parse_args(["--env", "alfworld"])
+    assert cfg.env.id == "alfworld" and cfg.env.kwargs["split"] == "train" and cfg.warmup.steps == 0
+    assert cfg.model.name is None and cfg.model.engine == "transformers" and cfg.learner.backend == "single"
+    assert cfg.optim.entropy_keep_fraction == 0.9
+
+
+@pytest.mark.parametrize("name, batch, entropy", [("python_tool_qwen2.5_7b", 128, None),
+                                                   ("alfworld_qwen2.5_7b", 64, 0.9)])
+def test_gpu_recipes_mirror_the_papers(name, batch, entropy):
+    cfg, _ = parse_args(["--recipe", name])
+    o = cfg.optim
+    assert (o.objective, o.lr, o.weight_decay, o.grad_clip, o.delta) == ("flash_reinforce", 1e-6, 0.1, 1.0, 1e-3)
+    assert o.entropy_keep_fraction == entropy and cfg.run.batch_size == batch
+    assert (cfg.rollout.temperature, cfg.rollout.top_p) == (1.0, 1.0)
+    s = cfg.staleness
+    assert (s.policy, s.drift_mode, s.gamma, s.beta, s.target_occupancy) == ("pace", "scoring", 4.0, 0.9, None)
+    assert cfg.model.engine == "vllm" and cfg.warmup.steps == 0
+    assert (cfg.learner.backend, cfg.learner.param_dtype, cfg.learner.zero_stage) == ("ray", "bf16", 2)
+    assert batch % (o.micro_batch_size * cfg.learner.world_size) == 0
+    # every value stays overridable from the command line
+    cfg, _ = parse_args(["--recipe", name, "--learner.world_size", "2", "learner.ray_address=null",
+                         "--optim.lr", "3e-6"])
+    assert (cfg.learner.world_size, cfg.learner.ray_address, cfg.optim.lr) == (2, None, 3e-6)
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["learner.backend=deepspeed"], "learner.backend must be"),
+        (["learner.world_size=2"], "needs learner.backend 'ray'"),
+        (["learner.backend=openrlhf", "learner.world_size=2"], "needs learner.backend 'ray'"),
+        (["learner.backend=ray", "learner.world_size=0"], "world_size must be >= 1"),
+        (["learner.backend=openrlhf", "learner.zero_stage=4"], "zero_stage"),
+        (["learner.backend=openrlhf", "learner.param_dtype=int8"], "param_dtype"),
+        (["learner.param_dtype=bf16"], "single learner trains in the model's own dtype"),
+        (["learner.backend=ray", "learner.num_gpus_per_actor=-1"], "num_gpus_per_actor"),
+        (["learner.backend=openrlhf", "optim.micro_batch_size=3"], r"multiple of optim.micro_batch_size"),
+        (["learner.backend=ray", "learner.world_size=3"], r"= 12 for the ray learner"),
+        (["learner.nodes=2"], "unknown field"),
+    ],
+)
+def test_bad_learner_settings_fail_with_a_clear_error(argv, needle):
+    with pytest.raises(ConfigError, match=needle):
+        parse_args(argv)
+
+
+def test_single_backend_accepts_any_batch_geometry():
+    cfg, _ = parse_args(["optim.micro_batch_size=3"])  # gradient accumulation handles a ragged last micro-batch
+    assert cfg.learner.backend == "single" and cfg.run.batch_size == 8

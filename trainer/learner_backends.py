@@ -1,0 +1,119 @@
+"""The training recipe's learner, built for ``learner.backend``: one process, DeepSpeed, or Ray actors.
+
+Every backend has the interface the recipe uses: ``score(trajectories)``, ``update(trajectories,
+scores=)`` (exactly one optimizer step per fresh batch), ``version`` (optimizer steps taken),
+``weights_for_engine()`` and ``save(root, ...)`` / ``restore(root)`` for
+:class:`agentenv.trainer.checkpoint.CheckpointManager`.
+
+=========  ==========================================================  ================================
+backend    runs                                                        scale
+=========  ==========================================================  ================================
+single     :class:`agentenv.trainer.learner.Learner` in this process   CPU or one GPU
+openrlhf   :class:`~agentenv.trainer.openrlhf_backend.OpenRLHFLearner`  one process: gloo on a CPU, NCCL
+           (OpenRLHF's DeepSpeed strategy, ZeRO ``zero_stage``)         and bf16 on one GPU
+ray        :class:`~agentenv.trainer.openrlhf_backend.RayLearnerGroup`  ``world_size`` actors (GPUs), one
+           (one ``OpenRLHFLearner`` rank per Ray actor)                 node or a Ray cluster
+=========  ==========================================================  ================================
+
+The DeepSpeed backends build the DeepSpeed batch geometry from the recipe: ``train_batch_size`` =
+``run.batch_size`` (B) and ``micro_train_batch_size`` = ``optim.micro_batch_size`` (checked by
+:class:`agentenv.trainer.config.TrainConfig`). They need ``scripts/install_openrlhf.sh``.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import logging
+from typing import Any
+
+import torch
+
+from agentenv.errors import ConfigError
+from agentenv.trainer.config import TrainConfig
+
+__all__ = ["build_learner", "backend_config"]
+
+logger = logging.getLogger(__name__)
+
+
+def backend_config(cfg: TrainConfig) -> Any:
+    """The :class:`~agentenv.trainer.openrlhf_backend.OpenRLHFBackendConfig` of a DeepSpeed backend.
+
+    Raises:
+        ConfigError: OpenRLHF/DeepSpeed are not installed.
+    """
+    from agentenv.trainer.openrlhf_backend import OpenRLHFBackendConfig
+
+    return OpenRLHFBackendConfig(
+        rows_per_update=cfg.run.batch_size, zero_stage=cfg.learner.zero_stage,
+        param_dtype=cfg.learner.param_dtype, seed=cfg.run.seed,
+    )
+
+
+def build_learner(cfg: TrainConfig, model: torch.nn.Module, *, warmed_up: bool = False) -> Any:
+    """The learner ``cfg.learner`` names, on ``model`` (policy version 0).
+
+    Args:
+        cfg: The run's config (``learner``, ``optim``, ``run.batch_size``, ``model``).
+        model: The loaded policy. ``single`` trains it in place, ``openrlhf`` a copy; ``ray`` actors load
+            their own copy (by ``model.name``, on their GPU) and, when ``warmed_up``, receive this
+            model's weights instead (the warm-up exists only in this process).
+        warmed_up: ``model`` differs from the checkpoint on disk (the cached tool-use warm-up).
+
+    Raises:
+        ConfigError: OpenRLHF, DeepSpeed or Ray missing, or an inconsistent DeepSpeed geometry.
+    """
+    backend = cfg.learner.backend
+    if backend == "single":
+        from agentenv.trainer.learner import Learner
+
+        return Learner(model, cfg.optim)
+    if backend == "openrlhf":
+        from agentenv.trainer.openrlhf_backend import OpenRLHFLearner
+
+        # DeepSpeed takes over (and may cast or partition) the module it is given: hand it its own
+        # copy, so ``model`` stays a plain module the caller can copy for the generation engine.
+        return OpenRLHFLearner(copy.deepcopy(model), cfg.optim, backend_config(cfg))
+    return _ray_group(cfg, model, warmed_up=warmed_up)
+
+
+def _ray_group(cfg: TrainConfig, model: torch.nn.Module, *, warmed_up: bool) -> Any:
+    try:
+        import ray
+    except ImportError as exc:
+        raise ConfigError("learner.backend 'ray' needs ray: run scripts/install_openrlhf.sh") from exc
+    from agentenv.trainer.openrlhf_backend import RayLearnerGroup
+
+    if not ray.is_initialized():
+        if cfg.learner.ray_address is None:  # a private Ray on this machine, loopback only
+            ray.init(include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
+        else:
+            try:
+                ray.init(address=cfg.learner.ray_address, log_to_driver=False)
+            except ConnectionError as exc:
+                raise ConfigError(
+                    f"learner.ray_address={cfg.learner.ray_address!r}: no Ray cluster answers ({exc}); start one "
+                    "with `ray start --head` (and `ray start --address <head>:6379` on the other nodes), or "
+                    "set learner.ray_address=null for a private Ray on this machine"
+                ) from exc
+    state = {k: v.detach().cpu() for k, v in model.state_dict().items()} if warmed_up else None
+    factory = functools.partial(actor_model, cfg.model.name, state)
+    logger.info("starting %d Ray learner actors (%s GPU each)", cfg.learner.world_size,
+                cfg.learner.num_gpus_per_actor)
+    return RayLearnerGroup(
+        factory, cfg.optim, backend_config(cfg), world_size=cfg.learner.world_size,
+        num_gpus_per_actor=cfg.learner.num_gpus_per_actor,
+        master_addr="127.0.0.1" if cfg.learner.ray_address is None else None,
+    )
+
+
+def actor_model(name: str | None, state: dict[str, torch.Tensor] | None = None) -> torch.nn.Module:
+    """Inside a Ray actor: the policy by name (float32, CPU; DeepSpeed moves and casts it), with
+    ``state`` loaded over it when given."""
+    from agentenv.models import load_model_and_tokenizer
+
+    model, _ = load_model_and_tokenizer(name, device="cpu")
+    if state is not None:
+        model.load_state_dict(state)
+    return model
