@@ -45,7 +45,7 @@ from agentenv.trajectory import Trajectory
 if TYPE_CHECKING:
     from agentenv.trainer.checkpoint import LoadedCheckpoint
 
-__all__ = ["Learner", "OptimConfig", "UpdateStats", "token_logprobs"]
+__all__ = ["Learner", "OptimConfig", "UpdateStats", "prepare_batch", "token_logprobs", "update_stats"]
 
 log = logging.getLogger(__name__)
 
@@ -284,26 +284,7 @@ class Learner:
             DataError: empty batch, malformed trajectory, scores not matching the trajectories.
             ConfigError: GRPO with a batch that is not whole groups.
         """
-        batch = build_batch(trajectories, self.pad_token_id)
-        if self.config.objective == "grpo":
-            adv = group_advantages(batch.rewards, self.config.grpo_group_size)
-        else:
-            adv = batch_mean_advantages(batch.rewards)
-        batch = _replace_adv(batch, adv.float())
-        admitted = None
-        if scores is not None and self.config.objective == "flash_reinforce":
-            if len(scores) != len(trajectories):
-                raise DataError(f"{len(scores)} score tensors for {len(trajectories)} trajectories")
-            q = torch.zeros_like(batch.behaviour_logprobs)
-            for i, (tid, k) in enumerate(zip(batch.ids, batch.source_index, strict=True)):
-                s = torch.as_tensor(scores[k]).float().reshape(-1)
-                if s.numel() != int(batch.lengths[i]):
-                    raise DataError(
-                        f"trajectory {tid}: {s.numel()} scores for {int(batch.lengths[i])} policy tokens"
-                    )
-                q[i][batch.loss_mask[i]] = s
-            _, admitted = bernoulli_kl_gate(q, batch.behaviour_logprobs, batch.loss_mask, self.config.delta)
-        return batch, admitted
+        return prepare_batch(trajectories, scores, self.config, self.pad_token_id)
 
     def backward(self, batch: PolicyBatch, admitted: torch.Tensor | None = None) -> ObjectiveStats:
         """Accumulate this rank's share of the full-batch gradient into ``.grad`` (no step, no reduce).
@@ -414,23 +395,8 @@ class Learner:
                 self.version, stats.admitted, stats.rows, stats.advantage_std,
             )
         self.optimizer.zero_grad(set_to_none=True)
-        seconds = time.perf_counter() - t0
-        seq_tokens = int(batch.attention_mask.sum())
-        return UpdateStats(
-            version=self.version,
-            stepped=stepped,
-            objective=stats,
-            loss=stats.loss_sum,
-            grad_norm=grad_norm,
-            lr=lr,
-            rows=batch.num_rows,
-            excluded_rows=batch.excluded_rows,
-            reward_mean=float(batch.rewards.mean()),
-            mean_length=float(batch.lengths.float().mean()),
-            mean_sequence_length=seq_tokens / batch.num_rows,
-            seconds=seconds,
-            tokens_per_second=seq_tokens / seconds if seconds > 0 else math.nan,
-        )
+        return update_stats(batch, stats, version=self.version, stepped=stepped, grad_norm=grad_norm, lr=lr,
+                            seconds=time.perf_counter() - t0)
 
     # -- checkpoints ------------------------------------------------------------------------------
     def save(
@@ -483,6 +449,74 @@ class Learner:
         save_file(sd, str(tmp), metadata={"version": str(self.version)})
         tmp.replace(path)
         return path
+
+
+# -- shared by the learners (this one and agentenv.trainer.openrlhf_backend) ---------------------------
+def prepare_batch(
+    trajectories: Sequence[Trajectory], scores: Sequence[torch.Tensor] | None, config: OptimConfig,
+    pad_token_id: int,
+) -> tuple[PolicyBatch, torch.Tensor | None]:
+    """Padded batch with its global advantages and, given ``scores``, FlashREINFORCE's gate decision.
+
+    Args:
+        trajectories: The fresh batch (B trajectories).
+        scores: Current log pi(a_t) per trajectory (one ``(T_i,)`` tensor or array each, in order), the
+            gate's ``q``; None leaves the gate to the training forward. GRPO ignores them.
+        config: Objective settings (``objective``, ``grpo_group_size``, ``delta``).
+        pad_token_id: Pad id.
+
+    Returns:
+        ``(batch, admitted)``: advantages ``A_i = R_i - mean R`` over all B rows (GRPO: per group);
+        ``admitted`` is ``(B,)`` bool from the scores, or None.
+
+    Raises:
+        DataError: empty batch, malformed trajectory, scores not matching the trajectories.
+        ConfigError: GRPO with a batch that is not whole groups.
+    """
+    batch = build_batch(trajectories, pad_token_id)
+    if config.objective == "grpo":
+        adv = group_advantages(batch.rewards, config.grpo_group_size)
+    else:
+        adv = batch_mean_advantages(batch.rewards)
+    batch = replace(batch, advantages=adv.float())
+    admitted = None
+    if scores is not None and config.objective == "flash_reinforce":
+        if len(scores) != len(trajectories):
+            raise DataError(f"{len(scores)} score tensors for {len(trajectories)} trajectories")
+        q = torch.zeros_like(batch.behaviour_logprobs)
+        for i, (tid, k) in enumerate(zip(batch.ids, batch.source_index, strict=True)):
+            s = torch.as_tensor(scores[k]).float().reshape(-1)
+            if s.numel() != int(batch.lengths[i]):
+                raise DataError(
+                    f"trajectory {tid}: {s.numel()} scores for {int(batch.lengths[i])} policy tokens"
+                )
+            q[i][batch.loss_mask[i]] = s
+        _, admitted = bernoulli_kl_gate(q, batch.behaviour_logprobs, batch.loss_mask, config.delta)
+    return batch, admitted
+
+
+def update_stats(
+    batch: PolicyBatch, stats: ObjectiveStats, *, version: int, stepped: bool, grad_norm: float, lr: float,
+    seconds: float, extra: dict[str, float] | None = None,
+) -> UpdateStats:
+    """The :class:`UpdateStats` of one update on ``batch`` (lengths in tokens, ``seconds`` wall time)."""
+    seq_tokens = int(batch.attention_mask.sum())
+    return UpdateStats(
+        version=version,
+        stepped=stepped,
+        objective=stats,
+        loss=stats.loss_sum,
+        grad_norm=grad_norm,
+        lr=lr,
+        rows=batch.num_rows,
+        excluded_rows=batch.excluded_rows,
+        reward_mean=float(batch.rewards.mean()),
+        mean_length=float(batch.lengths.float().mean()),
+        mean_sequence_length=seq_tokens / batch.num_rows,
+        seconds=seconds,
+        tokens_per_second=seq_tokens / seconds if seconds > 0 else math.nan,
+        extra=dict(extra or {}),
+    )
 
 
 # -- helpers ---------------------------------------------------------------------------------------

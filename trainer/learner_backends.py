@@ -93,8 +93,8 @@ def _ray_group(cfg: TrainConfig, model: torch.nn.Module, *, warmed_up: bool) -> 
                 ray.init(address=cfg.learner.ray_address, log_to_driver=False)
             except ConnectionError as exc:
                 raise ConfigError(
-                    f"learner.ray_address={cfg.learner.ray_address!r}: no Ray cluster answers ({exc}); start one "
-                    "with `ray start --head` (and `ray start --address <head>:6379` on the other nodes), or "
+                    f"learner.ray_address={cfg.learner.ray_address!r}: no Ray cluster answers ({exc}); start "
+                    "one with `ray start --head` (`ray start --address <head>:6379` on the other nodes), or "
                     "set learner.ray_address=null for a private Ray on this machine"
                 ) from exc
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()} if warmed_up else None
@@ -109,8 +109,10 @@ def _ray_group(cfg: TrainConfig, model: torch.nn.Module, *, warmed_up: bool) -> 
 
 
 def actor_model(name: str | None, state: dict[str, torch.Tensor] | None = None) -> torch.nn.Module:
-    """Inside a Ray actor: the policy by name (float32, CPU; DeepSpeed moves and casts it), with
-    ``state`` loaded over it when given."""
+    """Inside a Ray actor: the policy by name, with ``state`` loaded over it when given.
+
+    Loaded in float32 on the CPU; DeepSpeed moves it to the actor's GPU and casts it to ``param_dtype``.
+    """
     from agentenv.models import load_model_and_tokenizer
 
     model, _ = load_model_and_tokenizer(name, device="cpu")

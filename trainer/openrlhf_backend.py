@@ -53,13 +53,10 @@ from torch import nn
 
 from agentenv.errors import ConfigError, DataError
 from agentenv.trainer.batching import PolicyBatch, build_batch, shard, split_micro_batches
-from agentenv.trainer.learner import OptimConfig, UpdateStats, token_logprobs
+from agentenv.trainer.learner import OptimConfig, UpdateStats, prepare_batch, token_logprobs, update_stats
 from agentenv.trainer.objectives import (
     ObjectiveStats,
-    batch_mean_advantages,
-    bernoulli_kl_gate,
     flash_reinforce_loss,
-    group_advantages,
     grpo_loss,
 )
 from agentenv.trainer.openrlhf_compat import import_openrlhf
@@ -316,26 +313,10 @@ class OpenRLHFLearner:
 
     # -- the step ---------------------------------------------------------------------------------
     def prepare(
-        self, trajectories: Sequence[Trajectory], scores: Sequence[torch.Tensor]
+        self, trajectories: Sequence[Trajectory], scores: Sequence[torch.Tensor] | None
     ) -> tuple[PolicyBatch, torch.Tensor | None]:
-        """Batch, global advantages and gate decision, as :meth:`Learner.prepare` (same rules)."""
-        batch = build_batch(trajectories, self.pad_token_id)
-        if self.config.objective == "grpo":
-            adv = group_advantages(batch.rewards, self.config.grpo_group_size)
-        else:
-            adv = batch_mean_advantages(batch.rewards)
-        batch = replace(batch, advantages=adv.float())
-        if self.config.objective != "flash_reinforce":
-            return batch, None
-        by_id = {tr.id: s for tr, s in zip(trajectories, scores, strict=True)}
-        q = torch.zeros_like(batch.behaviour_logprobs)
-        for i, tid in enumerate(batch.ids):
-            s = by_id[tid].float().reshape(-1)
-            if s.numel() != int(batch.lengths[i]):
-                raise DataError(f"trajectory {tid}: {s.numel()} scores for {int(batch.lengths[i])} tokens")
-            q[i][batch.loss_mask[i]] = s
-        _, admitted = bernoulli_kl_gate(q, batch.behaviour_logprobs, batch.loss_mask, self.config.delta)
-        return batch, admitted
+        """Batch, global advantages and gate decision, as :meth:`Learner.prepare` (the same function)."""
+        return prepare_batch(trajectories, scores, self.config, self.pad_token_id)
 
     def update(
         self, trajectories: Sequence[Trajectory], *, scores: Sequence[torch.Tensor] | None = None
@@ -358,7 +339,7 @@ class OpenRLHFLearner:
         cfg = self.config
         if cfg.objective == "flash_reinforce" and scores is None:
             scores = self.score(trajectories)
-        batch, admitted = self.prepare(trajectories, scores or [])
+        batch, admitted = self.prepare(trajectories, scores)
         if batch.num_rows > self.backend.rows_per_update:
             raise DataError(
                 f"batch has {batch.num_rows} rows, more than rows_per_update={self.backend.rows_per_update}"
@@ -379,22 +360,9 @@ class OpenRLHFLearner:
             total = total + part
         if not stepped:  # bookkeeping as the single-process learner reports it
             total = replace(total, rows=batch.num_rows, tokens=int(batch.lengths.sum()))
-        seconds = time.perf_counter() - t0
-        seq_tokens = int(batch.attention_mask.sum())
-        return UpdateStats(
-            version=self.version,
-            stepped=stepped,
-            objective=total,
-            loss=total.loss_sum,
-            grad_norm=grad_norm,
-            lr=lr,
-            rows=batch.num_rows,
-            excluded_rows=batch.excluded_rows,
-            reward_mean=float(batch.rewards.mean()),
-            mean_length=float(batch.lengths.float().mean()),
-            mean_sequence_length=seq_tokens / batch.num_rows,
-            seconds=seconds,
-            tokens_per_second=seq_tokens / seconds if seconds > 0 else math.nan,
+        return update_stats(
+            batch, total, version=self.version, stepped=stepped, grad_norm=grad_norm, lr=lr,
+            seconds=time.perf_counter() - t0,
             extra={
                 "perf/deepspeed_micro_steps": float(self.gas),
                 "perf/dp_world_size": float(self.world_size),
@@ -712,8 +680,10 @@ class RayLearnerGroup:
 
     def save(self, root: Path | str, *, pool_state: dict | None = None, extra: dict | None = None,
              keep: int = 2) -> Path:
-        """Checkpoint as :meth:`OpenRLHFLearner.save`: rank 0's full weights, then every actor's
-        DeepSpeed state into the same unpublished folder (one node, or a folder all nodes share).
+        """Checkpoint as :meth:`OpenRLHFLearner.save`, from every actor.
+
+        Rank 0's full weights, then every actor's DeepSpeed state, go into the same unpublished
+        folder (one node, or a folder all nodes share).
 
         Raises:
             CheckpointError: the write failed; the previous checkpoint stays the latest.
