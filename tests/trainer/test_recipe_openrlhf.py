@@ -9,7 +9,8 @@ trajectories, the PACE scores, the weights before and after) and replayed in thi
 :class:`agentenv.trainer.learner.Learner`; equal weights after two updates, the second after a resume,
 mean the weights, Adam's moments and step count, and the learning rate were all restored
 (``adam_eps = 10`` makes the step about linear in the gradient, as in ``test_openrlhf_backend.py``;
-weight decay 0 because OpenRLHF exempts norm weights from it). Budget: about 25 s (one spawned process; imports dominate).
+weight decay 0 because OpenRLHF exempts norm weights from it).
+Budget: about 20 s (one spawned process; imports dominate).
 """
 
 from __future__ import annotations
@@ -59,19 +60,10 @@ class SeedParityEnv(Env[str, str]):
         return StepResult("ok", float(self.seed % 2), True, False, {})
 
 
-def _train_and_resume(rank: int, run_dir: str):
-    """In a fresh process: 1 update, then --resume to 2; returns every recorded learner.update call."""
-    import asyncio
-    from pathlib import Path
+def recording(build_learner, calls: list[dict]):
+    """Wrap a ``setup.build_learner``: every ``learner.update`` call is appended to ``calls``."""
 
-    from agentenv.engines.transformers_engine import TransformersEngine
-    from agentenv.trainer import setup
-    from agentenv.trainer.recipe import parse_args, prepare_run_dir, train
-
-    calls: list[dict] = []
-    build_learner = setup.build_learner
-
-    def recording_learner(cfg, model):
+    def build(cfg, model):
         learner = build_learner(cfg, model)
         update = learner.update
 
@@ -87,33 +79,51 @@ def _train_and_resume(rank: int, run_dir: str):
         learner.update = recorded
         return learner
 
-    setup.load_policy = lambda cfg: (tiny_lm(), None, CharRenderer())
-    setup.build_engine = lambda cfg, model, tok: TransformersEngine(model, None, max_batch_size=4,
-                                                                    seed=cfg.run.seed)
+    return build
+
+
+def train_then_resume(run_dir: str, overrides: list[str]) -> dict:
+    """``train()`` to version 1, then ``train(resume=True)`` to 2; the recorded updates and both summaries."""
+    import asyncio
+    from pathlib import Path
+
+    from agentenv.trainer import setup
+    from agentenv.trainer.recipe import parse_args, prepare_run_dir, train
+
+    calls: list[dict] = []
+    setup.build_learner = recording(setup.build_learner, calls)
     setup.env_factory = lambda cfg: SeedParityEnv
-    setup.build_learner = recording_learner
-    cfg, _ = parse_args(["--run-dir", run_dir, "--updates", "1", *OVERRIDES])
-    run = prepare_run_dir(cfg, resume=False, overwrite=False)
-    first = asyncio.run(train(cfg, run))
+    cfg, _ = parse_args(["--run-dir", run_dir, "--updates", "1", *overrides])
+    first = asyncio.run(train(cfg, prepare_run_dir(cfg, resume=False, overwrite=False)))
     n_first = len(calls)
-    cfg2, _ = parse_args(["--run-dir", run_dir, "--updates", "2", *OVERRIDES])
+    cfg2, _ = parse_args(["--run-dir", run_dir, "--updates", "2", *overrides])
     second = asyncio.run(train(cfg2, Path(run_dir), resume=True))
     return {"calls": calls, "n_first": n_first, "summaries": (first, second)}
 
 
-def test_train_with_the_openrlhf_learner_then_resume_matches_the_single_learner(tmp_path):
+def _train_and_resume(rank: int, run_dir: str):
+    """In a fresh process: the tiny model served by a real TransformersEngine, then train_then_resume."""
+    from agentenv.engines.transformers_engine import TransformersEngine
+    from agentenv.trainer import setup
+
+    setup.load_policy = lambda cfg: (tiny_lm(), None, CharRenderer())
+    setup.build_engine = lambda cfg, model, tok: TransformersEngine(model, None, max_batch_size=4,
+                                                                    seed=cfg.run.seed)
+    return train_then_resume(run_dir, OVERRIDES)
+
+
+def check_against_single_learner(res: dict, run, learner_type: str, initial_model) -> None:
+    """Two counted versions, DeepSpeed state in the checkpoint, an exact resume, and every recorded
+    update equal to :class:`Learner`'s on the same batch and scores (replayed from ``initial_model``)."""
     from agentenv.trainer.checkpoint import latest_checkpoint
     from agentenv.trainer.learner import Learner
     from agentenv.trainer.recipe import parse_args
     from agentenv.trajectory import Trajectory
 
-    run = tmp_path / "run"
-    (res,) = run_cpu_data_parallel(functools.partial(_train_and_resume, run_dir=str(run)), world_size=1,
-                                   timeout_s=300)
     calls, n_first = res["calls"], res["n_first"]
     first, second = res["summaries"]
     assert first["updates"] == 1 and second["updates"] == 2 and not second["interrupted"]
-    assert {c["learner"] for c in calls} == {"OpenRLHFLearner"}
+    assert {c["learner"] for c in calls} == {learner_type}
     stepped = [c for c in calls if c["stepped"]]
     assert [c["version"] for c in stepped] == [1, 2]  # one real optimizer step per counted version
     assert calls[n_first - 1]["stepped"] and calls[-1]["stepped"]
@@ -131,8 +141,8 @@ def test_train_with_the_openrlhf_learner_then_resume_matches_the_single_learner(
 
     # replay every update through the single-process learner: same weights after each one
     cfg, _ = parse_args(["--run-dir", str(run), *OVERRIDES])
-    reference = Learner(tiny_lm(), cfg.optim)
-    init = tiny_lm().state_dict()
+    init = initial_model.state_dict()
+    reference = Learner(initial_model, cfg.optim)
     assert all(torch.equal(calls[0]["before"][k], init[k]) for k in init)
     for c in calls:
         stats = reference.update([Trajectory.from_dict(d) for d in c["batch"]], scores=c["scores"])
@@ -144,3 +154,10 @@ def test_train_with_the_openrlhf_learner_then_resume_matches_the_single_learner(
         assert moved > 1e-4 if c["stepped"] else moved == 0.0
         for k in ref:
             assert torch.allclose(c["after"][k], ref[k], atol=2e-6, rtol=1e-5), k
+
+
+def test_train_with_the_openrlhf_learner_then_resume_matches_the_single_learner(tmp_path):
+    run = tmp_path / "run"
+    (res,) = run_cpu_data_parallel(functools.partial(_train_and_resume, run_dir=str(run)), world_size=1,
+                                   timeout_s=300)
+    check_against_single_learner(res, run, "OpenRLHFLearner", tiny_lm())
