@@ -267,12 +267,13 @@ def load_checkpoint(
         raise CheckpointError(
             f"{path}: cannot read checkpoint ({e}); other checkpoints: {_others(path)}"
         ) from e
+    if optimizer is not None and trainer_state["optimizer"] is None:
+        hint = " (DeepSpeed state: written by the openrlhf/ray learner)" if (path / "deepspeed").is_dir() else ""
+        raise CheckpointError(f"{path}: holds no optimizer state{hint}")
     # Everything verified: apply.
     if model is not None:
         model.load_state_dict(weights)
     if optimizer is not None:
-        if trainer_state["optimizer"] is None:
-            raise CheckpointError(f"{path}: holds no optimizer state")
         optimizer.load_state_dict(trainer_state["optimizer"])
     if scheduler is not None and trainer_state["scheduler"] is not None:
         scheduler.load_state_dict(trainer_state["scheduler"])

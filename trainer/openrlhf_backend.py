@@ -30,6 +30,14 @@ Paths:
   :class:`RayLearnerGroup` with one GPU per actor; :class:`VLLMWeightSync` (OpenRLHF's NCCL weight
   broadcast from DeepSpeed rank 0 to its vLLM engines; never run). They are marked ``GPU-only``.
 
+Checkpoints (``save`` / ``restore``, used by ``agentenv train`` through ``CheckpointManager``): the
+full weights as ``model.safetensors`` plus DeepSpeed's own ``engine.save_checkpoint`` output (module,
+ZeRO-partitioned optimizer, scheduler) under ``<checkpoint>/deepspeed``, published atomically with the
+rest by :func:`agentenv.trainer.checkpoint.save_checkpoint`. Every Ray actor writes its own shard into
+the same folder, so across nodes the run folder must be on a shared file system. Tested on a CPU:
+one process (ZeRO-2) and two Ray actors, each resumed into fresh learners
+(``tests/trainer/test_recipe_openrlhf.py``, ``test_recipe_ray.py``).
+
 Tensor legend: ``b`` rows here, ``B`` rows in the fresh batch, ``L`` padded tokens, ``t = L - 1``
 label positions, ``V`` vocabulary size (see :mod:`agentenv.trainer.batching`).
 """
@@ -622,7 +630,9 @@ class RayLearnerGroup:
 
     The actors use OpenRLHF's ``BaseDistributedActor`` for the rendezvous (MASTER_ADDR/PORT, RANK,
     WORLD_SIZE, LOCAL_RANK from Ray's GPU ids), as OpenRLHF's ``RayActorGroup`` does; rank 0's address
-    is handed to the others. Calls fan out to every actor (SPMD) and return rank 0's result.
+    is handed to the others. Calls fan out to every actor (SPMD) and return rank 0's result. The
+    policy version is kept in this process (updated from each update's stats and by :meth:`restore`),
+    so reading it never queues behind a running update.
 
     Args:
         model_factory: Picklable zero-argument callable building the policy inside each actor.
