@@ -268,7 +268,8 @@ def load_checkpoint(
             f"{path}: cannot read checkpoint ({e}); other checkpoints: {_others(path)}"
         ) from e
     if optimizer is not None and trainer_state["optimizer"] is None:
-        hint = " (DeepSpeed state: written by the openrlhf/ray learner)" if (path / "deepspeed").is_dir() else ""
+        ds = (path / "deepspeed").is_dir()
+        hint = " (DeepSpeed state: written by the openrlhf/ray learner)" if ds else ""
         raise CheckpointError(f"{path}: holds no optimizer state{hint}")
     # Everything verified: apply.
     if model is not None:
