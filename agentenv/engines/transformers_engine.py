@@ -121,6 +121,8 @@ class TransformersEngine:
         self._version = version
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        # Only the last position's logits are used: skip the vocabulary projection of the rest of a prefill.
+        self._last_logits_kw = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._closed = False
         self._thread: threading.Thread | None = None
@@ -289,7 +291,7 @@ class TransformersEngine:
                 _resolve(item.loop, item.future, error=error)
 
     def _forward(self, input_ids: torch.Tensor, cache: DynamicCache, **kw: Any) -> torch.Tensor:
-        out = self._model(input_ids=input_ids, use_cache=True, **{self._cache_kw: cache}, **kw)
+        out = self._model(input_ids=input_ids, use_cache=True, **{self._cache_kw: cache}, **self._last_logits_kw, **kw)
         return out.logits[:, -1, :]
 
     def _prefill(self, req: _Request, ids: list[int]) -> tuple[DynamicCache, torch.Tensor]:
