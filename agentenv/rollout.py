@@ -51,7 +51,8 @@ class RolloutConfig:
         max_new_tokens_per_turn: Sampled tokens per assistant turn (tokens).
         max_total_tokens: Policy plus observation tokens after the first prompt (tokens); the
             episode is truncated when the budget is spent.
-        temperature: Sampling temperature (the paper's default is 1).
+        temperature: Sampling temperature (the paper's default is 1); 0 decodes greedily, which is
+            for evaluation only (training needs the sampled distribution's log-probabilities).
         top_p: Nucleus mass in (0, 1] (the paper's default is 1).
     """
 
@@ -66,8 +67,8 @@ class RolloutConfig:
             raise ConfigError(f"max_turns must be >= 1, got {self.max_turns}")
         if self.max_new_tokens_per_turn < 1 or self.max_total_tokens < 1:
             raise ConfigError("token budgets must be >= 1")
-        if self.temperature <= 0:
-            raise ConfigError(f"temperature must be > 0, got {self.temperature}")
+        if not 0 <= self.temperature < float("inf"):
+            raise ConfigError(f"temperature must be a finite number >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
 

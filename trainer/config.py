@@ -87,6 +87,30 @@ class RunConfig:
 
 
 @dataclass(frozen=True)
+class EvalConfig:
+    """The held-out evaluation run before the first update and after the last one.
+
+    The held-out problems are the first ``problems`` of ``env.eval_dataset`` (after the same
+    ``env.max_problem_chars`` filter as training); they never appear in the training set.
+    """
+
+    problems: int = 0
+    """Held-out problems to evaluate on; 0 turns the evaluation off."""
+    temperature: float = 0.0
+    """Sampling temperature of the evaluation; 0 decodes greedily (one deterministic answer each)."""
+    samples_per_problem: int = 1
+    """Episodes per problem (success is averaged over them); use > 1 only with temperature > 0."""
+    concurrency: int = 8
+    """Episodes in flight during the evaluation."""
+
+    def __post_init__(self) -> None:
+        if self.problems < 0 or self.samples_per_problem < 1 or self.concurrency < 1:
+            raise ConfigError("eval.problems must be >= 0; eval.samples_per_problem, eval.concurrency >= 1")
+        if not 0 <= self.temperature < float("inf"):
+            raise ConfigError(f"eval.temperature must be a finite number >= 0, got {self.temperature}")
+
+
+@dataclass(frozen=True)
 class LearnerConfig:
     """Where the learner runs: this process, one DeepSpeed process, or a group of Ray actors (GPUs).
 
@@ -142,9 +166,13 @@ class TrainConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     warmup: WarmupConfig = field(default_factory=WarmupConfig)
     run: RunConfig = field(default_factory=RunConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     learner: LearnerConfig = field(default_factory=LearnerConfig)
 
     def __post_init__(self) -> None:
+        if self.rollout.temperature == 0:
+            raise ConfigError("rollout.temperature must be > 0 for training (greedy decoding has no "
+                              "behaviour distribution to correct for); eval.temperature may be 0")
         if self.staleness.policy == "sync" and self.run.mode != "sync":
             raise ConfigError("staleness.policy 'sync' needs run.mode 'sync'")
         per_step = self.optim.micro_batch_size * self.learner.world_size

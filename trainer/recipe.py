@@ -12,6 +12,9 @@ Phases, in the order they run:
    engine, interrupting in-flight generation, which continues from its prefix.
 5. logging: metrics (JSONL + TensorBoard), per-trajectory staleness, checkpoints, plots.
 
+With ``eval.problems > 0`` the policy is evaluated on held-out tasks before the first update and
+after the last one (``eval_before.json``, ``eval_after.json``; both success rates in the summary).
+
 Ctrl-C stops cleanly after writing a checkpoint; ``--resume`` continues with the same versions.
 """
 
@@ -36,11 +39,13 @@ import yaml
 
 from agentenv.collector import RolloutCollector
 from agentenv.configio import apply_overrides, load_config, read_yaml, to_dict
+from agentenv.engines.busy import BusyTrackingEngine
 from agentenv.errors import AgentEnvError, ConfigError, RunFolderError
 from agentenv.pool import TrajectoryPool
 from agentenv.trainer import setup
 from agentenv.trainer.checkpoint import CheckpointManager
 from agentenv.trainer.config import TrainConfig
+from agentenv.trainer.heldout import evaluate_held_out
 from agentenv.trainer.metrics import MetricsWriter
 from agentenv.trainer.plots import plot_run
 
@@ -151,7 +156,7 @@ async def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False, stop: 
     # 2. model: learner copy + engine copy (+ cached warm-up)
     model, tokenizer, renderer = setup.load_policy(cfg)
     learner = setup.build_learner(cfg, model)
-    engine = setup.build_engine(cfg, copy.deepcopy(model), tokenizer)
+    engine = BusyTrackingEngine(setup.build_engine(cfg, copy.deepcopy(model), tokenizer))
     env_factory = setup.env_factory(cfg)
     pool = TrajectoryPool(cfg.staleness)
     checkpoints = CheckpointManager(run_dir / "checkpoints")
@@ -174,8 +179,11 @@ async def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False, stop: 
         collector.next_seed = extra["next_seed"]
         await engine.update_weights(learner.weights_for_engine(), learner.version)
         logger.info("resumed at policy version %d", learner.version)
+    if cfg.eval.problems and not (run_dir / "eval_before.json").exists():
+        await held_out(cfg, engine, renderer, run_dir, "before")
 
     summary: dict[str, Any] = {}
+    t_loop, busy_at_loop = time.time(), engine.clock.busy_seconds
     progress = setup.progress_bar(total=cfg.run.updates, initial=learner.version)
     staleness_log = (run_dir / "staleness.jsonl").open("a")
     decisions_log = (run_dir / "decisions.jsonl").open("a")
@@ -212,6 +220,7 @@ async def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False, stop: 
             # 5. logging
             row = setup.update_metrics(learner.version, selection, stats, pool, collector, wait_s, update_s, t_start)
             row["pool/rejected"] = len(rejected_now)
+            row["engine/busy_share"] = (engine.clock.busy_seconds - busy_at_loop) / max(time.time() - t_loop, 1e-9)
             metrics.log(learner.version, row)
             for traj in selection.batch:
                 staleness_log.write(json.dumps(setup.consumed_record(traj, learner.version - 1)) + "\n")
@@ -226,14 +235,29 @@ async def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False, stop: 
         staleness_log.close()
         decisions_log.close()
         await collector.close()
+        train_s = time.time() - t_loop
         checkpoints.save(learner, extra={"pool": pool.state_dict(), "next_seed": collector.next_seed})
+        if cfg.eval.problems and not stop.is_set() and learner.version >= cfg.run.updates:
+            summary["eval/after"] = await held_out(cfg, engine, renderer, run_dir, "after")
         await engine.close()
         metrics.close()
         plot_run(run_dir)
-    summary = {**summary, "updates": learner.version, "wall_clock_s": time.time() - t_start,
-               "interrupted": stop.is_set()}
+    before = run_dir / "eval_before.json"
+    if before.exists():
+        summary["eval/before"] = json.loads(before.read_text())["success_rate"]
+    summary = {**summary, "updates": learner.version, "train_s": train_s, "wall_clock_s": time.time() - t_start,
+               "peak_rss_gb": setup.peak_rss_gb(), "interrupted": stop.is_set()}
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
+
+
+async def held_out(cfg: TrainConfig, engine: Any, renderer: Any, run_dir: Path, label: str) -> float:
+    """Evaluate the engine's current policy on the held-out tasks; write ``eval_<label>.json``; return the success rate."""
+    report = await evaluate_held_out(cfg, engine, renderer, label=label)
+    (run_dir / f"eval_{label}.json").write_text(json.dumps(report.to_dict(), indent=2))
+    logger.info("held-out success %s training (version %d): %.3f over %d episodes", label, report.version,
+                report.success_rate, report.episodes)
+    return report.success_rate
 
 
 async def next_batch(pool: TrajectoryPool, learner: Any, cfg: TrainConfig, stop: asyncio.Event,

@@ -183,7 +183,15 @@ def update_metrics(version: int, selection: Any, stats: Any, pool: Any, collecto
     row["time/wait_s"] = wait_s
     row["time/update_s"] = update_s
     row["time/elapsed_s"] = time.time() - t_start
+    row["memory/peak_rss_gb"] = peak_rss_gb()
     return row
+
+
+def peak_rss_gb() -> float:
+    """Peak resident memory of this process so far (GB, 1e9 bytes; Linux reports ru_maxrss in KiB)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9
 
 
 def postfix(row: dict[str, Any]) -> dict[str, str]:

@@ -58,10 +58,18 @@ def test_two_async_updates_with_the_default_model_then_resume(tmp_path):
     run = tmp_path / "run"
     common = ["--run-dir", str(run), "warmup.steps=1", "run.batch_size=2", "run.concurrency=2",
               "run.max_pool_size=4", "rollout.max_new_tokens_per_turn=24", "rollout.max_total_tokens=64",
-              "env.kwargs.sandbox_backend=process"]
+              "env.kwargs.sandbox_backend=process", "eval.problems=2"]
     assert main(common + ["--updates", "2"]) == 0
+    before = json.loads((run / "eval_before.json").read_text())
+    after = json.loads((run / "eval_after.json").read_text())
+    assert (before["version"], after["version"]) == (0, 2)
+    assert before["episodes"] == after["episodes"] == 2 and before["errors"] == 0
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["eval/before"] == before["success_rate"] and summary["eval/after"] == after["success_rate"]
+    assert 0 < summary["peak_rss_gb"] < 6 and 0 < summary["train_s"] < summary["wall_clock_s"]
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["update"] for r in rows] == [1, 2]
+    assert all(0 < r["engine/busy_share"] <= 1 for r in rows)
     consumed = [json.loads(line) for line in (run / "staleness.jsonl").read_text().splitlines()]
     assert len(consumed) == 4  # B = 2 trajectories per update
     assert all(c["gs"] >= 0 and c["ws"] >= 0 for c in consumed)
@@ -73,3 +81,5 @@ def test_two_async_updates_with_the_default_model_then_resume(tmp_path):
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["update"] for r in rows] == [1, 2, 3]
     assert json.loads((run / "summary.json").read_text())["updates"] == 3
+    assert json.loads((run / "eval_before.json").read_text()) == before  # not re-run on resume
+    assert json.loads((run / "eval_after.json").read_text())["version"] == 3

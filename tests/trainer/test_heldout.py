@@ -1,0 +1,69 @@
+"""Held-out evaluation: exact success rates on real math500 problems with a scripted answerer."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentenv.datasets import load_math
+from agentenv.engines.base import GenerationOutput, SamplingParams, TokenSpan
+from agentenv.errors import ConfigError
+from agentenv.trainer.config import EvalConfig, TrainConfig
+from agentenv.trainer.heldout import evaluate_held_out, held_out_tasks
+from agentenv.trainer.recipe import parse_args
+from tests.fakes import EOT, CharRenderer
+
+
+class AnswerEvenProblems:
+    """Reads the problem from the prompt; boxes the right answer for even-numbered held-out problems."""
+
+    def __init__(self, problems, version: int = 4):
+        self.problems = problems
+        self.version = version
+        self.max_context_tokens = 100_000
+        self.temperatures: list[float] = []
+
+    async def generate(self, prompt_ids, params: SamplingParams) -> GenerationOutput:
+        self.temperatures.append(params.temperature)
+        text = "".join(chr(i) for i in prompt_ids)
+        index = next(i for i, p in enumerate(self.problems) if p.problem[:250] in text)
+        reply = f"\\boxed{{{self.problems[index].answer}}}" if index % 2 == 0 else "\\boxed{no idea}"
+        ids = [ord(c) for c in reply] + [EOT]
+        return GenerationOutput(ids, [0.0] * len(ids), [TokenSpan(len(ids), self.version, self.version)])
+
+
+def _cfg(n: int, **eval_kw) -> TrainConfig:
+    cfg, _ = parse_args(["env.kwargs.sandbox_backend=process", f"eval.problems={n}"])
+    return cfg if not eval_kw else TrainConfig(**{**cfg.__dict__, "eval": EvalConfig(problems=n, **eval_kw)})
+
+
+def test_held_out_problems_are_the_first_short_math500_ones_and_not_training_problems():
+    cfg = _cfg(7)
+    _, tasks, option = held_out_tasks(cfg)
+    short = [p for p in load_math("math500") if len(p.problem) <= cfg.env.max_problem_chars]
+    assert [t[0] for t in tasks] == [p.id for p in short[:7]] and option == "index"
+    train_texts = {p.problem for p in load_math("math_train")}
+    assert not any(p.problem in train_texts for p in short[:7])
+
+
+async def test_success_rate_counts_exactly_the_correct_answers():
+    cfg = _cfg(5, samples_per_problem=2, concurrency=3)
+    _, tasks, _ = held_out_tasks(cfg)
+    problems = {p.id: p for p in load_math("math500")}
+    engine = AnswerEvenProblems([problems[t[0]] for t in tasks])
+    report = await evaluate_held_out(cfg, engine, CharRenderer(), label="after")
+    # problems 0, 2, 4 answered right, twice each: 6 of 10 episodes
+    assert (report.tasks, report.episodes, report.errors) == (5, 10, 0)
+    assert report.success_rate == pytest.approx(0.6)
+    assert report.version == 4 and report.turns_mean == 1.0 and report.tool_calls_mean == 0.0
+    assert set(engine.temperatures) == {0.0}  # greedy by default
+
+
+def test_eval_config_and_training_temperature_are_checked():
+    with pytest.raises(ConfigError, match="eval.problems"):
+        EvalConfig(problems=-1)
+    with pytest.raises(ConfigError, match="eval.temperature"):
+        EvalConfig(temperature=float("nan"))
+    with pytest.raises(ConfigError, match="rollout.temperature must be > 0"):
+        parse_args(["rollout.temperature=0"])
+    with pytest.raises(ConfigError, match="needs env.id python_tool or alfworld"):
+        held_out_tasks(parse_args(["--recipe", "python_tool_cpu", "--env", "guess_number", "eval.problems=2"])[0])

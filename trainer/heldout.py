@@ -1,0 +1,134 @@
+"""Held-out evaluation inside a training run: the policy's success rate on tasks it never trains on.
+
+``agentenv train`` evaluates the policy once before the first update and once after the last one,
+with the same engine, budgets and chat template as the rollouts, so the two figures differ only by
+the training in between. The held-out tasks are fixed (the first ``eval.problems`` of
+``env.eval_dataset``, or of an ALFWorld validation split), decoded greedily by default.
+Episodes run concurrently through :func:`agentenv.evaluation.run_jobs`, so one failing episode
+costs only itself (it counts as a failure and is reported in ``errors``).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from agentenv.core import Env
+from agentenv.errors import ConfigError
+from agentenv.evaluation import EpisodeJob, EpisodeResult, make_jobs, run_jobs
+from agentenv.registration import make
+from agentenv.rollout import run_episode
+from agentenv.trainer.config import TrainConfig
+
+
+@dataclass(frozen=True)
+class HeldOutReport:
+    """Success of one policy version on the held-out tasks.
+
+    Attributes:
+        label: ``"before"`` (policy version 0, after any warm-up) or ``"after"`` (the last version).
+        version: Policy version evaluated.
+        tasks: Held-out tasks (problems or games).
+        episodes: Episodes played (``tasks * samples_per_problem``).
+        success_rate: Fraction of episodes with a positive reward (a correct boxed answer; a won game).
+        tool_calls_mean: Tool calls per episode (python_tool; 0 for envs that do not count them).
+        turns_mean: Assistant turns per episode.
+        errors: Episodes that ended with an engine or environment error (counted as failures).
+        seconds: Wall-clock time of the evaluation (seconds).
+    """
+
+    label: str
+    version: int
+    tasks: int
+    episodes: int
+    success_rate: float
+    tool_calls_mean: float
+    turns_mean: float
+    errors: int
+    seconds: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain values for JSON."""
+        return asdict(self)
+
+
+def held_out_tasks(cfg: TrainConfig) -> tuple[Callable[[], Env], list[tuple[str, str]], str]:
+    """The held-out environment builder, its tasks and the reset option that picks a task.
+
+    Returns:
+        ``(env_factory, tasks, option)``: ``tasks`` are ``(name, kind)`` pairs, the first
+        ``cfg.eval.problems`` of the held-out set; ``env.reset(options={option: i})`` plays task ``i``.
+
+    Raises:
+        ConfigError: The env has no held-out evaluation here, or the held-out set is empty.
+        DataError: The held-out data set cannot be read.
+    """
+    n = cfg.eval.problems
+    if cfg.env.id == "python_tool":
+        from agentenv.datasets import load_math
+
+        problems = [p for p in load_math(cfg.env.eval_dataset)
+                    if cfg.env.max_problem_chars is None or len(p.problem) <= cfg.env.max_problem_chars][:n]
+        if not problems:
+            raise ConfigError(f"no held-out problem in {cfg.env.eval_dataset!r} passes env.max_problem_chars")
+        kwargs = {k: v for k, v in cfg.env.kwargs.items() if k != "dataset"}
+        kwargs.setdefault("max_turns", cfg.rollout.max_turns)
+        factory = lambda: make("python_tool", problems=problems, **kwargs)  # noqa: E731
+        return factory, [(p.id, "math") for p in problems], "index"
+    if cfg.env.id == "alfworld":
+        from agentenv.envs.alfworld import list_games
+
+        data_root = cfg.env.kwargs.get("data_root")
+        games = list_games(cfg.env.eval_dataset, data_root)[:n]
+        kwargs = {k: v for k, v in cfg.env.kwargs.items() if k not in ("split", "games")}
+        factory = lambda: make("alfworld", split=cfg.env.eval_dataset, games=games, **kwargs)  # noqa: E731
+        return factory, [(g.name, g.task_type) for g in games], "game"
+    raise ConfigError(f"eval.problems > 0 needs env.id python_tool or alfworld, got {cfg.env.id!r}; set eval.problems=0")
+
+
+async def evaluate_held_out(cfg: TrainConfig, engine: Any, renderer: Any, *, label: str) -> HeldOutReport:
+    """Play every held-out task ``cfg.eval.samples_per_problem`` times with the engine's current weights.
+
+    Args:
+        cfg: The run's config (``eval``, ``env`` and ``rollout`` sections are used; the rollout budgets
+            are those of training, the temperature is ``eval.temperature``).
+        engine: The run's generation engine (its ``version`` is the version evaluated).
+        renderer: The chat renderer of the engine's tokenizer.
+        label: ``"before"`` or ``"after"``.
+
+    Raises:
+        ConfigError / DataError: See :func:`held_out_tasks`.
+    """
+    factory, tasks, option = held_out_tasks(cfg)
+    rollout = replace(cfg.rollout, temperature=cfg.eval.temperature)
+    jobs = make_jobs(tasks, samples_per_game=cfg.eval.samples_per_problem, seed=cfg.run.seed)
+    extras: dict[int, tuple[float, float]] = {}
+
+    async def agent(env: Env, job: EpisodeJob) -> EpisodeResult:
+        start = time.perf_counter()
+        traj = await run_episode(env, engine, renderer, rollout, seed=job.seed, options={option: job.game_index})
+        extras[job.seed] = (float(traj.info.get("tool_calls") or 0), float(traj.info.get("turns", 0)))
+        failed = traj.status == "error"
+        return EpisodeResult(job.game, job.task_type, job.sample, won=not failed and traj.reward > 0,
+                             reward=traj.reward, steps=int(traj.info.get("turns", 0)),
+                             seconds=time.perf_counter() - start,
+                             error=traj.info.get("error") if failed else None, ending="error" if failed else "")
+
+    t0 = time.perf_counter()
+    results = await run_jobs(jobs, agent, factory, concurrency=cfg.eval.concurrency, progress=True)
+    calls = [c for c, _ in extras.values()] or [0.0]
+    turns = [t for _, t in extras.values()] or [0.0]
+    return HeldOutReport(
+        label=label,
+        version=engine.version,
+        tasks=len(tasks),
+        episodes=len(results),
+        success_rate=sum(r.won for r in results) / len(results),
+        tool_calls_mean=statistics.fmean(calls),
+        turns_mean=statistics.fmean(turns),
+        errors=sum(r.error is not None for r in results),
+        seconds=time.perf_counter() - t0,
+    )
