@@ -2,7 +2,10 @@
 
 Runs the recipe synchronously (no overlap: the baseline) and asynchronously with the staleness
 policies ``none``, ``max_lag`` and ``pace``, each in its own run folder under ``--out``, then prints
-and writes a table of wall-clock time, reward, generation and waiting staleness and rejection rate.
+and writes a table of training wall-clock time (the update loop, without model loading, warm-up or
+held-out evaluation, which the comparison turns off unless ``eval.problems=N`` is passed), reward,
+generation and waiting staleness, rejection rate, and the share of the loop's wall-clock time the
+generation engine was busy.
 """
 
 from __future__ import annotations
@@ -36,12 +39,13 @@ def summarize(name: str, run_dir: Path) -> dict[str, Any]:
     return {
         "setting": name,
         "updates": summary["updates"],
-        "wall_clock_s": round(summary["wall_clock_s"], 1),
+        "train_s": round(summary["train_s"], 1),
         "reward_mean": round(statistics.fmean(m["reward/mean"] for m in metrics), 4) if metrics else None,
         "reward_last5": round(statistics.fmean(m["reward/mean"] for m in metrics[-5:]), 4) if metrics else None,
         "gs_mean": round(statistics.fmean(c["gs"] for c in consumed), 3) if consumed else None,
         "ws_mean": round(statistics.fmean(c["ws"] for c in consumed), 3) if consumed else None,
         "rejection_rate": round(rejected / (rejected + used), 3) if rejected + used else 0.0,
+        "engine_busy_share": round(metrics[-1]["engine/busy_share"], 3) if metrics else None,
     }
 
 
@@ -66,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     rows = []
     try:
-        base = apply_overrides(read_yaml(resolve_recipe(args.recipe)), args.overrides)
+        base = apply_overrides(read_yaml(resolve_recipe(args.recipe)), ["eval.problems=0", *args.overrides])
         for name, mode, policy in SETTINGS:
             if args.only and name not in args.only:
                 continue

@@ -1,0 +1,30 @@
+"""`agentenv compare`'s table rows, computed from a hand-written run folder."""
+
+from __future__ import annotations
+
+import json
+
+from agentenv.trainer.compare import markdown_table, summarize
+
+
+def _jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_row_from_a_run_folder(tmp_path):
+    (tmp_path / "summary.json").write_text(json.dumps({"updates": 2, "train_s": 41.26, "wall_clock_s": 90.0}))
+    _jsonl(tmp_path / "metrics.jsonl", [
+        {"update": 1, "reward/mean": 0.25, "pool/rejected": 3, "engine/busy_share": 0.5},
+        {"update": 2, "reward/mean": 0.75, "pool/rejected": 1, "engine/busy_share": 0.8125},
+    ])
+    _jsonl(tmp_path / "staleness.jsonl", [{"gs": g, "ws": w} for g, w in [(0, 1), (1, 1), (2, 0), (1, 2)]])
+    row = summarize("async-pace", tmp_path)
+    assert row == {
+        "setting": "async-pace", "updates": 2, "train_s": 41.3, "reward_mean": 0.5, "reward_last5": 0.5,
+        "gs_mean": 1.0, "ws_mean": 1.0,
+        "rejection_rate": 0.5,  # 4 rejected, 4 consumed
+        "engine_busy_share": 0.812,  # the last row's cumulative share
+    }
+    table = markdown_table([row])
+    assert table.splitlines()[0].startswith("| setting | updates | train_s |")
+    assert table.splitlines()[2].startswith("| async-pace | 2 | 41.3 |")
