@@ -84,6 +84,7 @@ def held_out_tasks(cfg: TrainConfig) -> tuple[Callable[[], Env], list[tuple[str,
         data_root = cfg.env.kwargs.get("data_root")
         games = list_games(cfg.env.eval_dataset, data_root)[:n]
         kwargs = {k: v for k, v in cfg.env.kwargs.items() if k not in ("split", "games")}
+        kwargs.setdefault("max_steps", cfg.rollout.max_turns)
         factory = lambda: make("alfworld", split=cfg.env.eval_dataset, games=games, **kwargs)  # noqa: E731
         return factory, [(g.name, g.task_type) for g in games], "game"
     raise ConfigError(f"eval.problems > 0 needs env.id python_tool or alfworld, got {cfg.env.id!r}; set eval.problems=0")

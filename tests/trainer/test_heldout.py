@@ -67,3 +67,16 @@ def test_eval_config_and_training_temperature_are_checked():
         parse_args(["rollout.temperature=0"])
     with pytest.raises(ConfigError, match="needs env.id python_tool or alfworld"):
         held_out_tasks(parse_args(["--recipe", "python_tool_cpu", "--env", "guess_number", "eval.problems=2"])[0])
+
+
+@pytest.mark.alfworld
+def test_alfworld_held_out_games_are_the_first_unseen_ones():
+    pytest.importorskip("alfworld", reason="ALFWorld is installed by scripts/install_alfworld.sh")
+    from agentenv.envs.alfworld import list_games
+
+    cfg, _ = parse_args(["--env", "alfworld", "eval.problems=3"])
+    factory, tasks, option = held_out_tasks(cfg)
+    unseen = list_games("valid_unseen")[:3]
+    assert tasks == [(g.name, g.task_type) for g in unseen] and option == "game"
+    env = factory()
+    assert env.split == "valid_unseen" and env.max_steps == cfg.rollout.max_turns
