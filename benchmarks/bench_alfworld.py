@@ -18,10 +18,10 @@ import statistics
 import time
 
 import textworld
-from agentenv.envs.alfworld import AlfWorldEnv, list_games, read_game
-from agentenv.envs.alfworld.oracle import run_oracle, walkthrough_policy
 from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredInfos
 
+from agentenv.envs.alfworld import AlfWorldEnv, list_games, read_game
+from agentenv.envs.alfworld.oracle import run_oracle, walkthrough_policy
 from agentenv.evaluation import make_jobs, policy_agent, run_jobs
 
 

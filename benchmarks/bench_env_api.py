@@ -24,12 +24,11 @@ import statistics
 import time
 from pathlib import Path
 
-from agentenv.envs.python_tool import PythonToolEnv
-from agentenv.sandboxes import SandboxLimits, create_sandbox
-
 from agentenv.chat import ChatRenderer
 from agentenv.datasets import MathProblem
+from agentenv.envs.python_tool import PythonToolEnv
 from agentenv.grading import Grader, math_verify_fn
+from agentenv.sandboxes import SandboxLimits, create_sandbox
 from agentenv.tool_calls import HermesToolCallParser
 
 CODE = "import math\nx = sum(math.comb(10, k) for k in range(11))\nprint(x)"

@@ -33,9 +33,9 @@ import time
 
 import torch
 import torch.nn.functional as F
+
 from agentenv.trainer.batching import build_batch, split_micro_batches
 from agentenv.trainer.learner import Learner, OptimConfig
-
 from agentenv.trajectory import Trajectory
 
 

@@ -314,6 +314,7 @@ def bench_decode(args, model, device, clock, results) -> None:
 def bench_deepspeed(args, cfg: dict, device: torch.device, dtype: torch.dtype, clock, results) -> None:
     try:
         import deepspeed  # noqa: F401
+
         from agentenv.trainer.learner import OptimConfig
         from agentenv.trainer.openrlhf_backend import OpenRLHFBackendConfig, OpenRLHFLearner
     except Exception as e:  # noqa: BLE001

@@ -1,0 +1,1 @@
+"""Environments shipped with agentenv (installed as ``agentenv.envs``)."""

@@ -16,13 +16,12 @@ import os
 import shutil
 import subprocess
 
+from agentenv.errors import SandboxError
 from agentenv.sandboxes.base import ExecStatus, SandboxLimits
 from agentenv.sandboxes.channel import WORKER_SOURCE
 from agentenv.sandboxes.hostproc import allocate_uid, diagnose_state, is_root, kill_state, spawn
 from agentenv.sandboxes.process import frame_limit, worker_rlimits
 from agentenv.sandboxes.session import WorkerHandle, read_hello
-
-from agentenv.errors import SandboxError
 
 SANDBOX_UID = 65534  #: uid and gid inside the sandbox
 _ETC = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/alternatives", "/etc/localtime")

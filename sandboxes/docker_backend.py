@@ -17,13 +17,12 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
+from agentenv.errors import SandboxError
 from agentenv.sandboxes.base import ExecStatus, SandboxLimits
 from agentenv.sandboxes.channel import WORKER_SOURCE, Channel
 from agentenv.sandboxes.image import IMAGE
 from agentenv.sandboxes.process import frame_limit, worker_rlimits
 from agentenv.sandboxes.session import WorkerHandle, read_hello
-
-from agentenv.errors import SandboxError
 
 LABEL = "agentenv.sandbox"  #: label on every container this backend starts (for cleanup)
 TMPFS_BYTES = 64 << 20  #: size of the /work and /tmp tmpfs mounts, bytes

@@ -15,10 +15,9 @@ import shutil
 import signal
 from dataclasses import dataclass
 
+from agentenv.errors import SandboxError
 from agentenv.sandboxes.base import ExecStatus
 from agentenv.sandboxes.channel import Channel
-
-from agentenv.errors import SandboxError
 
 UID_BASE = 1_000_000  #: first uid handed out (above every normal and systemd-dynamic uid)
 _UID_SPAN = 4096

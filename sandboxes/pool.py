@@ -11,11 +11,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
+from agentenv.errors import ClosedError, ConfigError, SandboxError
 from agentenv.sandboxes.base import SandboxLimits
 from agentenv.sandboxes.select import ISOLATION, make_launcher
 from agentenv.sandboxes.session import Launcher, WorkerSandbox
-
-from agentenv.errors import ClosedError, ConfigError, SandboxError
 
 MAX_START_FAILURES = 5  #: consecutive failed background starts before the pool waits for the next acquire()
 

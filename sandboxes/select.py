@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import os
 
+from agentenv.errors import ConfigError, SandboxError
 from agentenv.sandboxes.base import SandboxLimits
 from agentenv.sandboxes.session import Launcher
-
-from agentenv.errors import ConfigError, SandboxError
 
 BACKENDS = ("docker", "bwrap", "process")
 

@@ -15,10 +15,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from agentenv.errors import ClosedError, ConfigError, SandboxError
 from agentenv.sandboxes.base import ExecResult, ExecStatus, SandboxLimits
 from agentenv.sandboxes.channel import Channel, ProtocolError
-
-from agentenv.errors import ClosedError, ConfigError, SandboxError
 
 START_TIMEOUT_S = 60.0  #: seconds a worker may take to say it is ready
 

@@ -26,7 +26,7 @@ async def test_ids_are_prompt_generated_observation_concatenation():
     # The engine saw exactly the stored prefix each turn (token in, token out).
     assert engine.calls[1] == expected[: 10 + 3 + 11]
     assert traj.num_policy_tokens == 8
-    assert sum(lp for lp, m in zip(traj.behaviour_logprobs, traj.loss_mask) if m) == pytest.approx(-4.0)
+    assert sum(lp for lp, m in zip(traj.behaviour_logprobs, traj.loss_mask, strict=True) if m) == pytest.approx(-4.0)
 
 
 async def test_interrupted_twice_gives_three_segments_with_versions():

@@ -1,0 +1,1 @@
+"""The asynchronous RL trainer (installed as ``agentenv.trainer``)."""

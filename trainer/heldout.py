@@ -87,7 +87,8 @@ def held_out_tasks(cfg: TrainConfig) -> tuple[Callable[[], Env], list[tuple[str,
         kwargs.setdefault("max_steps", cfg.rollout.max_turns)
         factory = lambda: make("alfworld", split=cfg.env.eval_dataset, games=games, **kwargs)  # noqa: E731
         return factory, [(g.name, g.task_type) for g in games], "game"
-    raise ConfigError(f"eval.problems > 0 needs env.id python_tool or alfworld, got {cfg.env.id!r}; set eval.problems=0")
+    raise ConfigError(f"eval.problems > 0 needs env.id python_tool or alfworld, got {cfg.env.id!r}; "
+                      "set eval.problems=0")
 
 
 async def evaluate_held_out(cfg: TrainConfig, engine: Any, renderer: Any, *, label: str) -> HeldOutReport:

@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING, Literal
 
 import torch
 import torch.nn.functional as F
+
+from agentenv.errors import ConfigError, DataError
 from agentenv.trainer.batching import PolicyBatch, build_batch, shard, split_micro_batches
 from agentenv.trainer.objectives import (
     ObjectiveStats,
@@ -38,8 +40,6 @@ from agentenv.trainer.objectives import (
     group_advantages,
     grpo_loss,
 )
-
-from agentenv.errors import ConfigError, DataError
 from agentenv.trajectory import Trajectory
 
 if TYPE_CHECKING:

@@ -136,7 +136,8 @@ def prepare_run_dir(cfg: TrainConfig, *, resume: bool, overwrite: bool) -> Path:
         return run_dir
     if run_dir.exists() and any(run_dir.iterdir()):
         if not overwrite:
-            raise RunFolderError(f"{run_dir} already holds files; pass --overwrite to replace them or --resume to continue")
+            raise RunFolderError(f"{run_dir} already holds files; pass --overwrite to replace them "
+                                 "or --resume to continue")
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
@@ -146,7 +147,8 @@ def prepare_run_dir(cfg: TrainConfig, *, resume: bool, overwrite: bool) -> Path:
 # ---------------------------------------------------------------------------------------------
 # 2-5. the loop
 # ---------------------------------------------------------------------------------------------
-async def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False, stop: asyncio.Event | None = None) -> dict[str, Any]:
+async def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False,
+                stop: asyncio.Event | None = None) -> dict[str, Any]:
     """Train for ``cfg.run.updates`` updates and return the final summary (also written to ``summary.json``)."""
     stop = stop or asyncio.Event()
     random.seed(cfg.run.seed)
@@ -187,24 +189,25 @@ async def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False, stop: 
     progress = setup.progress_bar(total=cfg.run.updates, initial=learner.version)
     staleness_log = (run_dir / "staleness.jsonl").open("a")
     decisions_log = (run_dir / "decisions.jsonl").open("a")
+    rejected_now: list[Any] = []  # rejected while waiting for the current batch
+
+    def on_decision(sel: Any) -> None:
+        rejected_now.extend(sel.rejected)
+        if cfg.staleness.requeue_rejected:
+            for traj in sel.rejected:
+                collector.requeue(traj)
+        decisions_log.write(json.dumps(sel.decision.to_dict()) + "\n")
+
     try:
         if cfg.run.mode == "async":
             await collector.start()
         while learner.version < cfg.run.updates and not stop.is_set():
             # 3. rollout (sync mode: generate exactly B, nothing overlaps with training)
             t_wait = time.time()
+            rejected_now.clear()
             if cfg.run.mode == "sync":
                 for traj in await collector.collect(cfg.run.batch_size):
                     pool.add(traj)
-            rejected_now: list[Any] = []
-
-            def on_decision(sel: Any) -> None:
-                rejected_now.extend(sel.rejected)
-                if cfg.staleness.requeue_rejected:
-                    for traj in sel.rejected:
-                        collector.requeue(traj)
-                decisions_log.write(json.dumps(sel.decision.to_dict()) + "\n")
-
             selection = await next_batch(pool, learner, cfg, stop, on_decision)
             decisions_log.flush()
             if selection is None:
@@ -252,7 +255,7 @@ async def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False, stop: 
 
 
 async def held_out(cfg: TrainConfig, engine: Any, renderer: Any, run_dir: Path, label: str) -> float:
-    """Evaluate the engine's current policy on the held-out tasks; write ``eval_<label>.json``; return the success rate."""
+    """Evaluate the engine's policy on the held-out tasks; write ``eval_<label>.json``; return the success rate."""
     report = await evaluate_held_out(cfg, engine, renderer, label=label)
     (run_dir / f"eval_{label}.json").write_text(json.dumps(report.to_dict(), indent=2))
     logger.info("held-out success %s training (version %d): %.3f over %d episodes", label, report.version,

@@ -1,9 +1,9 @@
-"""Tool-use warm-up: a short supervised step on transcripts a scripted solver writes.
+r"""Tool-use warm-up: a short supervised step on transcripts a scripted solver writes.
 
 A small instruct model (the embedded SmolLM2-135M default) makes no tool calls at first, so
 reinforcement learning would see no successful rollout to reinforce. The warm-up writes easy
 arithmetic problems in the style of MATH's "Compute ..." questions, a scripted solver that answers
-each with one ``python`` tool call whose output it reads back, and a final ``\\boxed{}`` answer;
+each with one ``python`` tool call whose output it reads back, and a final ``\boxed{}`` answer;
 a few supervised steps on those transcripts teach the call format. The transcripts are built with
 the same renderer as rollouts (prompt ids, assistant ids, observation deltas), so the model learns
 exactly the token layout it will later generate into.

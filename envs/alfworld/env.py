@@ -20,11 +20,10 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any, TypeVar
 
+from agentenv.core import Env, StepResult
 from agentenv.envs.alfworld.commands import parse_command
 from agentenv.envs.alfworld.game import GameState, TextWorldGame
 from agentenv.envs.alfworld.games import GameRef, canonical_split, list_games, read_game
-
-from agentenv.core import Env, StepResult
 from agentenv.errors import ClosedError, ConfigError, DataError, ResetNeeded
 
 T = TypeVar("T")

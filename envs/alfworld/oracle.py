@@ -20,7 +20,6 @@ from typing import Any
 
 from agentenv.envs.alfworld.env import AlfWorldEnv
 from agentenv.envs.alfworld.games import TASK_TYPES, GameRef, canonical_split, list_games, read_game
-
 from agentenv.errors import AgentEnvError
 from agentenv.evaluation import (
     EpisodeJob,

@@ -6,13 +6,12 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-from agentenv.envs.python_tool.tool import PYTHON_TOOL_SCHEMA, SYSTEM_PROMPT, check_arguments, format_result
-from agentenv.sandboxes import SandboxLimits, create_sandbox_pool
-
 from agentenv.core import Env, StepResult
 from agentenv.datasets import MathProblem, load_math
+from agentenv.envs.python_tool.tool import PYTHON_TOOL_SCHEMA, SYSTEM_PROMPT, check_arguments, format_result
 from agentenv.errors import ClosedError, ConfigError, DataError, ResetNeeded
 from agentenv.grading import Grader, default_grader
+from agentenv.sandboxes import SandboxLimits, create_sandbox_pool
 from agentenv.text_spaces import UnicodeText
 from agentenv.tool_calls import HermesToolCallParser, ToolCallError, ToolCallParser
 

@@ -62,7 +62,8 @@ class ScriptedEngine:
         start = 0
         for cut in self.switch_at.get(idx, []) + [len(ids)]:
             if cut > start:
-                spans.append(TokenSpan(cut - start, self._version, self._version if not spans else spans[0].prefix_version))
+                prefix = self._version if not spans else spans[0].prefix_version
+                spans.append(TokenSpan(cut - start, self._version, prefix))
             if cut < len(ids):
                 self._version += 1
             start = cut

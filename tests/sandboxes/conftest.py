@@ -6,6 +6,7 @@ import functools
 import os
 
 import pytest
+
 from agentenv.sandboxes import SandboxLimits, create_sandbox
 
 BACKENDS = ["process", "bwrap", pytest.param("docker", marks=pytest.mark.docker)]

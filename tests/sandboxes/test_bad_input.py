@@ -12,9 +12,9 @@ import time
 from pathlib import Path
 
 import pytest
-from agentenv.sandboxes import ExecStatus
 
 from agentenv.errors import ClosedError
+from agentenv.sandboxes import ExecStatus
 
 CAP = 4096  # LIMITS.output_bytes in conftest
 
@@ -246,9 +246,8 @@ async def test_close_during_a_call_returns_promptly(sandbox):
 
 
 async def test_bad_timeout_and_limits_are_config_errors(sandbox, backend):
-    from agentenv.sandboxes import SandboxLimits, create_sandbox_pool
-
     from agentenv.errors import ConfigError
+    from agentenv.sandboxes import SandboxLimits, create_sandbox_pool
 
     with pytest.raises(ConfigError):
         await sandbox.run("print(1)", timeout_s=0)

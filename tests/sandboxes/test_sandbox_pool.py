@@ -6,6 +6,8 @@ import asyncio
 import time
 
 import pytest
+
+from agentenv.errors import ClosedError, ConfigError
 from agentenv.sandboxes import (
     ExecStatus,
     SandboxLimits,
@@ -16,8 +18,6 @@ from agentenv.sandboxes import (
     create_sandbox_pool,
 )
 from agentenv.sandboxes.hostproc import UID_BASE, pids_of_uid
-
-from agentenv.errors import ClosedError, ConfigError
 
 from .conftest import LIMITS
 
@@ -136,10 +136,9 @@ def test_cli_info_and_usage(capsys):
 
 
 async def test_a_backend_that_cannot_start_raises_sandbox_error_everywhere():
+    from agentenv.errors import SandboxError
     from agentenv.sandboxes import SandboxPool, WorkerSandbox
     from agentenv.sandboxes.process import ProcessLauncher
-
-    from agentenv.errors import SandboxError
 
     broken = ProcessLauncher(LIMITS, python="/nonexistent/python3")
     with pytest.raises(SandboxError, match="nonexistent"):

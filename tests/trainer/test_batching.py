@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from agentenv.trainer.batching import build_batch, shard, split_micro_batches
 
 from agentenv.errors import DataError
+from agentenv.trainer.batching import build_batch, shard, split_micro_batches
 from agentenv.trajectory import Trajectory
 
 from .conftest import make_trajectories

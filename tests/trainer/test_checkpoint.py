@@ -9,10 +9,10 @@ import random
 import numpy as np
 import pytest
 import torch
-from agentenv.trainer import checkpoint as ckpt
-from agentenv.trainer.learner import Learner, OptimConfig
 
 from agentenv.errors import CheckpointError
+from agentenv.trainer import checkpoint as ckpt
+from agentenv.trainer.learner import Learner, OptimConfig
 
 from .conftest import make_trajectories, tiny_model
 

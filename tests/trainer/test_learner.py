@@ -9,9 +9,9 @@ import tempfile
 import pytest
 import torch
 import torch.multiprocessing as mp
-from agentenv.trainer.learner import Learner, OptimConfig
 
 from agentenv.errors import ConfigError, DataError
+from agentenv.trainer.learner import Learner, OptimConfig
 from agentenv.trajectory import Trajectory
 
 from .conftest import make_trajectories, on_policy, tiny_model

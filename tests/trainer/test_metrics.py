@@ -7,10 +7,10 @@ import math
 from dataclasses import dataclass
 
 import pytest
-from agentenv.trainer.learner import Learner, OptimConfig
-from agentenv.trainer.metrics import MetricsWriter, flatten, update_record
 
 from agentenv.errors import ClosedError
+from agentenv.trainer.learner import Learner, OptimConfig
+from agentenv.trainer.metrics import MetricsWriter, flatten, update_record
 
 from .conftest import make_trajectories, tiny_model
 

@@ -7,6 +7,8 @@ import math
 
 import pytest
 import torch
+
+from agentenv.errors import ConfigError, DataError
 from agentenv.trainer.objectives import (
     FlashReinforceConfig,
     GRPOConfig,
@@ -18,8 +20,6 @@ from agentenv.trainer.objectives import (
     group_advantages,
     grpo_loss,
 )
-
-from agentenv.errors import ConfigError, DataError
 
 
 def _pad(rows, fill=0.0, dtype=torch.float64):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from agentenv.envs.alfworld.commands import MAX_COMMAND_CHARS, normalize, parse_command
 
 ADMISSIBLE = [

@@ -11,9 +11,8 @@ import pytest
 
 pytest.importorskip("alfworld", reason="the alfworld package is not installed (scripts/install_alfworld.sh)")
 
-from agentenv.envs.alfworld import AlfWorldEnv, GameRef, list_games, read_game  # noqa: E402
-
 from agentenv.core import StepResult  # noqa: E402
+from agentenv.envs.alfworld import AlfWorldEnv, GameRef, list_games, read_game  # noqa: E402
 from agentenv.errors import ConfigError, DataError, ResetNeeded  # noqa: E402
 from agentenv.registration import make  # noqa: E402
 

@@ -9,6 +9,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+
 from agentenv.envs.alfworld.games import (
     TASK_TYPES,
     canonical_split,
@@ -17,7 +18,6 @@ from agentenv.envs.alfworld.games import (
     read_game,
     task_type_of,
 )
-
 from agentenv.errors import DataError
 
 

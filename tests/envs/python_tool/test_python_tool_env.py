@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 
 import pytest
-from agentenv.envs.python_tool import PYTHON_TOOL_SCHEMA, PythonToolEnv
-from agentenv.sandboxes import ExecResult, ExecStatus
 
 import agentenv
 from agentenv.datasets import MathProblem
+from agentenv.envs.python_tool import PYTHON_TOOL_SCHEMA, PythonToolEnv
 from agentenv.errors import ConfigError, DataError, ResetNeeded
 from agentenv.grading import Grader
+from agentenv.sandboxes import ExecResult, ExecStatus
 
 PROBLEMS = [MathProblem(f"t/{i}", f"What is {i} + {i}?", str(2 * i), "t") for i in range(5)]
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from agentenv.envs.python_tool import PythonToolEnv
 
 from agentenv.datasets import MathProblem
+from agentenv.envs.python_tool import PythonToolEnv
 from agentenv.grading import Grader
 
 PROBLEMS = [
