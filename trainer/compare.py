@@ -49,6 +49,16 @@ def summarize(name: str, run_dir: Path) -> dict[str, Any]:
     }
 
 
+def with_ratio_to_sync(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Add ``time_vs_sync``: each setting's loop time over the synchronous baseline's (same updates).
+
+    Below 1 means faster than synchronous RL; None when the baseline was not run (``--only``).
+    """
+    sync = next((r for r in rows if r["setting"] == "sync"), None)
+    base = sync["train_s"] if sync and sync["train_s"] else None
+    return [{**r, "time_vs_sync": round(r["train_s"] / base, 3) if base else None} for r in rows]
+
+
 def markdown_table(rows: list[dict[str, Any]]) -> str:
     """The rows as a Markdown table."""
     cols = list(rows[0])
@@ -84,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     except AgentEnvError as exc:
         print(f"agentenv compare: {exc}", file=sys.stderr)
         return 2
+    rows = with_ratio_to_sync(rows)
     table = markdown_table(rows)
     print(table)
     (out / "compare.md").write_text(table + "\n")

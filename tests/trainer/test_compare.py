@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from agentenv.trainer.compare import markdown_table, summarize
+from agentenv.trainer.compare import markdown_table, summarize, with_ratio_to_sync
 
 
 def _jsonl(path, rows):
@@ -28,3 +28,9 @@ def test_row_from_a_run_folder(tmp_path):
     table = markdown_table([row])
     assert table.splitlines()[0].startswith("| setting | updates | train_s |")
     assert table.splitlines()[2].startswith("| async-pace | 2 | 41.3 |")
+
+
+def test_time_is_compared_with_the_sync_baseline():
+    rows = [{"setting": "sync", "train_s": 80.0}, {"setting": "async-pace", "train_s": 60.0}]
+    assert [r["time_vs_sync"] for r in with_ratio_to_sync(rows)] == [1.0, 0.75]
+    assert with_ratio_to_sync(rows[1:])[0]["time_vs_sync"] is None  # no baseline run
