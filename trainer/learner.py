@@ -17,6 +17,7 @@ skip is reported in :class:`UpdateStats` (``stepped = False``) and logged.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 import time
@@ -179,27 +180,55 @@ class UpdateStats:
 def token_logprobs(
     model: torch.nn.Module, batch: PolicyBatch, *, with_entropy: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Current log pi(label) at every label position, and optionally the per-token entropy.
+    """Current log pi(label) at every policy-token label position, and optionally the entropy.
+
+    When the model accepts ``logits_to_keep`` (transformers causal LMs), the vocabulary projection
+    runs only at label positions where some row holds a policy token: with prompts and observations
+    making most of a sequence, this skips most of the ``(b, t, V)`` logits, their log-softmax and
+    their gradient (memory and time both shrink by roughly the policy-token share of ``t``).
 
     Args:
-        model: A causal LM returning ``.logits`` of shape ``(b, L, V)``.
+        model: A causal LM returning ``.logits`` of shape ``(b, L, V)`` (or ``(b, k, V)`` when given
+            ``logits_to_keep`` as a ``(k,)`` index tensor); a DeepSpeed engine wrapping one is fine.
         batch: The (micro-)batch.
         with_entropy: Also return the full-vocabulary entropy (nats), computed without gradient.
 
     Returns:
-        ``(logprobs (b, t) float32, entropy (b, t) float32 or None)``; values at padding are finite
-        but meaningless (the objectives mask them).
+        ``(logprobs (b, t) float32, entropy (b, t) float32 or None)``. Values at positions without a
+        policy token are finite but meaningless (0 where the projection was skipped); the objectives
+        mask them with ``loss_mask``.
     """
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1]
-    logits = logits.float()
-    b, t, v = logits.shape
-    lp = -F.cross_entropy(logits.reshape(b * t, v), batch.labels.reshape(b * t), reduction="none")
+    b, t = batch.labels.shape
+    keep = batch.loss_mask.any(dim=0).nonzero().squeeze(1)
+    if _accepts_logits_to_keep(model) and 0 < keep.numel() < t:
+        logits = model(
+            input_ids=batch.input_ids, attention_mask=batch.attention_mask, logits_to_keep=keep
+        ).logits.float()
+        labels = batch.labels[:, keep]
+    else:
+        keep = None
+        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1].float()
+        labels = batch.labels
+    k, v = logits.shape[1], logits.shape[2]
+    lp = -F.cross_entropy(logits.reshape(b * k, v), labels.reshape(b * k), reduction="none").view(b, k)
     ent = None
     if with_entropy:
         with torch.no_grad():
             logp = torch.log_softmax(logits.detach(), dim=-1)
             ent = -(logp.exp() * logp).sum(-1)
-    return lp.view(b, t), ent
+    if keep is not None:
+        lp = lp.new_zeros(b, t).index_copy(1, keep, lp)
+        ent = None if ent is None else ent.new_zeros(b, t).index_copy(1, keep, ent)
+    return lp, ent
+
+
+def _accepts_logits_to_keep(model: torch.nn.Module) -> bool:
+    """Whether ``model`` (or the module a DeepSpeed engine wraps) takes a ``logits_to_keep`` argument."""
+    inner = getattr(model, "module", model)
+    try:
+        return "logits_to_keep" in inspect.signature(inner.forward).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 class Learner:

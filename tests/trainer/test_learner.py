@@ -41,6 +41,8 @@ def test_score_matches_unpadded_forward(arch):
     for tr, s in zip(trajs, scores, strict=True):
         assert s.shape == (tr.num_policy_tokens,)
         torch.testing.assert_close(s, _manual_logprobs(model, tr), rtol=1e-5, atol=1e-5)
+        # no autograd graph: a kept score must not hold its micro-batch's activations (PACE keeps them)
+        assert s.grad_fn is None and not s.requires_grad
 
 
 def test_gradient_matches_hand_written_loss_and_ignores_micro_batching():
@@ -263,3 +265,26 @@ def test_score_and_gate_follow_positions_not_ids():
     torch.testing.assert_close(s[2], _manual_logprobs(learner.model, b), rtol=1e-5, atol=1e-5)
     batch, adm = learner.prepare([a, empty, b], s)
     assert batch.source_index == (0, 2) and adm.tolist() == [True, True]
+
+
+def test_token_logprobs_projects_only_policy_positions_with_the_same_values():
+    from agentenv.trainer.batching import build_batch
+    from agentenv.trainer.learner import token_logprobs
+
+    model = tiny_model(13)
+
+    class NoLogitsToKeep(torch.nn.Module):  # a causal LM without the argument: full projection
+        def forward(self, input_ids, attention_mask):
+            return model(input_ids=input_ids, attention_mask=attention_mask)
+
+    batch = build_batch(make_trajectories(4, seed=13), 0)
+    m = batch.loss_mask
+    assert 0 < int(m.any(0).sum()) < m.shape[1]  # some positions are skipped
+    lp, ent = token_logprobs(model, batch, with_entropy=True)
+    lp_full, ent_full = token_logprobs(NoLogitsToKeep(), batch, with_entropy=True)
+    assert lp.shape == lp_full.shape == ent.shape == m.shape
+    torch.testing.assert_close(lp[m], lp_full[m], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(ent[m], ent_full[m], rtol=1e-5, atol=1e-6)
+    skipped = ~m.any(0)
+    assert (lp[:, skipped] == 0).all() and (ent[:, skipped] == 0).all()
+    assert (lp_full[:, skipped] != 0).any()
