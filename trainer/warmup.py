@@ -11,6 +11,7 @@ exactly the token layout it will later generate into.
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import random
@@ -20,7 +21,7 @@ from typing import Any
 
 import torch
 
-from agentenv.errors import ConfigError
+from agentenv.errors import ConfigError, Interrupted
 
 
 @dataclass(frozen=True)
@@ -125,8 +126,8 @@ def sft_warmup(
     examples: Sequence[tuple[list[int], list[int]]],
     cfg: WarmupConfig,
     *,
-    pad_id: int,
     log: Callable[[int, float], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
 ) -> list[float]:
     """Run ``cfg.steps`` supervised steps (token-mean NLL over masked tokens) on ``examples``.
 
@@ -134,11 +135,14 @@ def sft_warmup(
         model: A causal LM returning ``logits`` ``(b, L, vocab)``; trained in place.
         examples: ``(ids, mask)`` pairs from :func:`build_transcript`.
         cfg: Steps, batch size, learning rate, seed.
-        pad_id: Id used to right-pad a batch (masked out).
         log: Called as ``log(step, loss)`` after each step.
+        should_stop: Checked before each step (e.g. Ctrl-C seen by another thread).
 
     Returns:
         The loss of every step (nats per assistant token).
+
+    Raises:
+        Interrupted: ``should_stop()`` returned true; the model is left part-trained.
     """
     rng = random.Random(cfg.seed)
     order = list(range(len(examples)))
@@ -147,6 +151,8 @@ def sft_warmup(
     losses = []
     pos = len(order)
     for step in range(cfg.steps):
+        if should_stop is not None and should_stop():
+            raise Interrupted(f"stopped during the tool-use warm-up after {step} of {cfg.steps} steps (nothing cached)")
         batch = []
         for _ in range(cfg.batch_size):
             if pos >= len(order):
@@ -154,20 +160,16 @@ def sft_warmup(
                 pos = 0
             batch.append(examples[order[pos]])
             pos += 1
-        width = max(len(ids) for ids, _ in batch)
-        ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
-        mask = torch.zeros((len(batch), width), dtype=torch.bool)
-        attn = torch.zeros((len(batch), width), dtype=torch.long)
-        for i, (x, m) in enumerate(batch):
-            ids[i, : len(x)] = torch.tensor(x)
-            mask[i, : len(m)] = torch.tensor(m, dtype=torch.bool)
-            attn[i, : len(x)] = 1
-        logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
-        target, tmask = ids[:, 1:], mask[:, 1:]
-        nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), target, reduction="none")
-        loss = nll[tmask].mean()
+        # one example at a time (no padding), the vocabulary projection only where the loss is taken;
+        # the gradient is that of the token-mean NLL over the whole batch
+        total = sum(sum(m[1:]) for _, m in batch)
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        loss_sum = 0.0
+        for x, m in batch:
+            nll = _masked_nll(model, x, m)
+            (nll.sum() / total).backward()
+            loss_sum += float(nll.detach().sum())
+        loss = torch.tensor(loss_sum / total)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         losses.append(loss.item())
@@ -175,3 +177,14 @@ def sft_warmup(
             log(step, losses[-1])
     model.eval()
     return losses
+
+
+def _masked_nll(model: torch.nn.Module, ids: Sequence[int], mask: Sequence[bool]) -> torch.Tensor:
+    """``(k,)`` NLL (nats) of the tokens ``ids[j]`` with ``mask[j]`` (j >= 1) given their prefix."""
+    x = torch.tensor([list(ids)])
+    positions = torch.tensor([j - 1 for j in range(1, len(ids)) if mask[j]])
+    if "logits_to_keep" in inspect.signature(model.forward).parameters:
+        logits = model(input_ids=x, logits_to_keep=positions).logits[0].float()
+    else:
+        logits = model(input_ids=x).logits[0, positions].float()
+    return torch.nn.functional.cross_entropy(logits, x[0, positions + 1], reduction="none")
