@@ -47,6 +47,13 @@ class RolloutCollector:
         admit: Back-pressure: a worker starts a new episode only while this returns True.
         max_retries: An episode that ended with an engine or environment error is replayed this
             many times before its error trajectory is handed on.
+
+    Attributes:
+        episodes_started / episodes_finished / errors: Counters (``errors`` includes retried attempts).
+        failure_streak: Episodes (retries included) that ended in error since the last one that did
+            not; a trainer stops when this grows past any plausible run of bad luck (a broken
+            environment or engine would otherwise leave it waiting for a batch forever).
+        last_error: The error message of the latest failed episode (None before any).
     """
 
     def __init__(
@@ -82,6 +89,8 @@ class RolloutCollector:
         self.episodes_started = 0
         self.episodes_finished = 0
         self.errors = 0
+        self.failure_streak = 0  # episodes (retries included) ended in error since the last good one
+        self.last_error: str | None = None
 
     # -- tasks ----------------------------------------------------------------------------------
     def _next_task(self) -> Task:
@@ -114,6 +123,11 @@ class RolloutCollector:
         )
         traj.info["seed"] = task.seed
         traj.info["attempt"] = task.attempt
+        if traj.status == "error":
+            self.failure_streak += 1
+            self.last_error = str(traj.info.get("error"))
+        else:
+            self.failure_streak = 0
         return traj
 
     async def _deliver(self, traj: Trajectory) -> None:

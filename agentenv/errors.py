@@ -65,3 +65,7 @@ class RunFolderError(AgentEnvError):
 
 class EnvCheckError(AgentEnvError, AssertionError):
     """``agentenv.checker.check_env`` found an environment breaking the Env contract (the message says how)."""
+
+
+class Interrupted(AgentEnvError):
+    """The user stopped a job (Ctrl-C) at a point where nothing could be kept (e.g. mid warm-up)."""

@@ -48,8 +48,14 @@ class ModelConfig:
     """Sequences the engine decodes together."""
     device: str = "cpu"
     """Torch device of the learner and the transformers engine."""
+    memory_share: float | None = None
+    """vLLM only: the share of accelerator memory (host memory on a CPU) vLLM reserves for weights and
+    KV cache (``gpu_memory_utilization``). None: 0.2 on a CPU; on a GPU 0.45 when the learner shares
+    it (learner backends ``single``/``openrlhf``), 0.9 when the learner runs on other GPUs (``ray``)."""
 
     def __post_init__(self) -> None:
+        if self.memory_share is not None and not 0 < self.memory_share <= 1:
+            raise ConfigError(f"model.memory_share must be in (0, 1], got {self.memory_share}")
         if self.engine not in ("transformers", "vllm"):
             raise ConfigError(f"model.engine must be 'transformers' or 'vllm', got {self.engine!r}")
         if self.continuation not in ("keep", "recompute"):

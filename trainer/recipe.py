@@ -15,7 +15,10 @@ Phases, in the order they run:
 With ``eval.problems > 0`` the policy is evaluated on held-out tasks before the first update and
 after the last one (``eval_before.json``, ``eval_after.json``; both success rates in the summary).
 
-Ctrl-C stops cleanly after writing a checkpoint; ``--resume`` continues with the same versions.
+Ctrl-C stops cleanly: during the warm-up after its current step (nothing cached), during a held-out
+evaluation at once (nothing written), during training after the current update, with a final
+checkpoint. ``--resume`` continues with the same versions, from the run folder's saved config with
+only the options given on its command line changed (e.g. ``--updates 40`` to train further).
 """
 
 from __future__ import annotations
@@ -30,7 +33,6 @@ import shutil
 import signal
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -40,10 +42,10 @@ import yaml
 from agentenv.collector import RolloutCollector
 from agentenv.configio import apply_overrides, load_config, read_yaml, to_dict
 from agentenv.engines.busy import BusyTrackingEngine
-from agentenv.errors import AgentEnvError, ConfigError, RunFolderError
+from agentenv.errors import AgentEnvError, ConfigError, Interrupted, RunFolderError
 from agentenv.pool import TrajectoryPool
 from agentenv.trainer import setup
-from agentenv.trainer.checkpoint import CheckpointManager
+from agentenv.trainer.checkpoint import CheckpointManager, latest_checkpoint
 from agentenv.trainer.config import TrainConfig
 from agentenv.trainer.heldout import evaluate_held_out
 from agentenv.trainer.metrics import MetricsWriter
@@ -52,6 +54,11 @@ from agentenv.trainer.plots import plot_run
 logger = logging.getLogger("agentenv.train")
 
 RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"
+
+
+def failure_limit(concurrency: int) -> int:
+    """Episodes in a row that may fail (retries included) before training stops with an error."""
+    return max(16, 4 * concurrency)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -75,7 +82,10 @@ def resolve_recipe(name: str) -> Path:
 
 def parse_args(argv: list[str]) -> tuple[TrainConfig, argparse.Namespace]:
     """Command line -> config. ``--section.field value`` and ``section.field=value`` override the recipe."""
-    ap = argparse.ArgumentParser(prog="agentenv train", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="agentenv train", description=__doc__.split("\n\n")[0],
+        epilog="Any config value can be set with --section.field VALUE or section.field=VALUE "
+               "(e.g. --optim.lr 1e-5 run.batch_size=16); --print-config shows them all.")
     ap.add_argument("--recipe", help="recipe name in recipes/ or a YAML path (default: <env>_cpu)")
     ap.add_argument("--env", help="environment id (env.id)")
     ap.add_argument("--model", help="local model folder or mapped name (model.name); default: embedded SmolLM2-135M")
@@ -98,6 +108,7 @@ def parse_args(argv: list[str]) -> tuple[TrainConfig, argparse.Namespace]:
     if args.policy == "sync" and args.mode is None:
         overrides.append("run.mode=sync")
     cfg = load_config(TrainConfig, apply_overrides(data, overrides))
+    args.overrides = overrides  # re-applied to the saved config by --resume
     return cfg, args
 
 
@@ -124,15 +135,18 @@ def _dotted_overrides(rest: list[str]) -> list[str]:
 def prepare_run_dir(cfg: TrainConfig, *, resume: bool, overwrite: bool) -> Path:
     """Create the run folder, refusing to write into an existing run unless asked.
 
+    The config is written by :func:`train` once the model and environment have loaded, so a start
+    that fails early (a wrong model path, Ctrl-C in the warm-up) leaves an empty, reusable folder.
+
     Raises:
-        RunFolderError: The folder holds a run and neither ``--resume`` nor ``--overwrite`` was given,
-            or ``--resume`` was given for a folder with no run.
+        RunFolderError: The folder holds files and neither ``--resume`` nor ``--overwrite`` was
+            given, or ``--resume`` was given for a folder with no run.
     """
     run_dir = Path(cfg.run.run_dir)
     exists = (run_dir / "config.yaml").exists()
     if resume:
         if not exists:
-            raise RunFolderError(f"--resume: {run_dir} holds no run (no config.yaml)")
+            raise RunFolderError(f"--resume: {run_dir} holds no run (no config.yaml); start it without --resume")
         return run_dir
     if run_dir.exists() and any(run_dir.iterdir()):
         if not overwrite:
@@ -140,8 +154,20 @@ def prepare_run_dir(cfg: TrainConfig, *, resume: bool, overwrite: bool) -> Path:
                                  "or --resume to continue")
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
     return run_dir
+
+
+def resumed_config(run_dir: Path, overrides: list[str]) -> TrainConfig:
+    """The run's saved ``config.yaml`` changed only by ``overrides`` (what ``--resume``'s command line says).
+
+    Raises:
+        RunFolderError: The folder has no saved config (the run never got past loading its model).
+        ConfigError: An override does not fit the config.
+    """
+    path = run_dir / "config.yaml"
+    if not path.is_file():
+        raise RunFolderError(f"--resume: {run_dir} holds no run (no config.yaml); start it without --resume")
+    return load_config(TrainConfig, apply_overrides(read_yaml(path), overrides))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -155,13 +181,14 @@ async def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False,
     torch.manual_seed(cfg.run.seed)
     t_start = time.time()
 
-    # 2. model: learner copy + engine copy (+ cached warm-up)
-    model, tokenizer, renderer = setup.load_policy(cfg)
+    # 2. model: learner copy + engine copy (+ cached warm-up; Ctrl-C stops it between steps)
+    model, tokenizer, renderer = await asyncio.to_thread(setup.load_policy, cfg, should_stop=stop.is_set)
     learner = setup.build_learner(cfg, model)
     engine = BusyTrackingEngine(setup.build_engine(cfg, copy.deepcopy(model), tokenizer))
     env_factory = setup.env_factory(cfg)
     pool = TrajectoryPool(cfg.staleness)
     checkpoints = CheckpointManager(run_dir / "checkpoints")
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
     metrics = MetricsWriter(run_dir)
 
     collector = RolloutCollector(
@@ -175,14 +202,18 @@ async def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False,
         first_seed=cfg.run.seed * 1_000_003,
         admit=lambda: len(pool) < cfg.run.max_pool_size,
     )
-    if resume:
+    if resume and latest_checkpoint(checkpoints.root) is not None:
         extra = checkpoints.load_latest(learner)
         pool.load_state_dict(extra["pool"])
         collector.next_seed = extra["next_seed"]
-        await engine.update_weights(learner.weights_for_engine(), learner.version)
+        if learner.version != engine.version:
+            await engine.update_weights(learner.weights_for_engine(), learner.version)
         logger.info("resumed at policy version %d", learner.version)
+    elif resume:
+        logger.info("no checkpoint yet (stopped before the first update): starting at policy version 0")
+    saved_version = learner.version
     if cfg.eval.problems and not (run_dir / "eval_before.json").exists():
-        await held_out(cfg, engine, renderer, run_dir, "before")
+        await held_out(cfg, engine, renderer, run_dir, "before", stop)
 
     summary: dict[str, Any] = {}
     t_loop, busy_at_loop = time.time(), engine.clock.busy_seconds
@@ -208,7 +239,7 @@ async def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False,
             if cfg.run.mode == "sync":
                 for traj in await collector.collect(cfg.run.batch_size):
                     pool.add(traj)
-            selection = await next_batch(pool, learner, cfg, stop, on_decision)
+            selection = await next_batch(pool, learner, cfg, stop, on_decision, collector)
             decisions_log.flush()
             if selection is None:
                 break
@@ -228,10 +259,11 @@ async def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False,
             for traj in selection.batch:
                 staleness_log.write(json.dumps(setup.consumed_record(traj, learner.version - 1)) + "\n")
             staleness_log.flush()
-            progress.update(1)
             progress.set_postfix(setup.postfix(row), refresh=False)
+            progress.update(1)
             if learner.version % cfg.run.checkpoint_every == 0:
                 checkpoints.save(learner, extra={"pool": pool.state_dict(), "next_seed": collector.next_seed})
+                saved_version = learner.version
             summary = row
     finally:
         progress.close()
@@ -239,9 +271,12 @@ async def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False,
         decisions_log.close()
         await collector.close()
         train_s = time.time() - t_loop
-        checkpoints.save(learner, extra={"pool": pool.state_dict(), "next_seed": collector.next_seed})
+        if learner.version != saved_version:
+            checkpoints.save(learner, extra={"pool": pool.state_dict(), "next_seed": collector.next_seed})
         if cfg.eval.problems and not stop.is_set() and learner.version >= cfg.run.updates:
-            summary["eval/after"] = await held_out(cfg, engine, renderer, run_dir, "after")
+            after = await held_out(cfg, engine, renderer, run_dir, "after", stop)
+            if after is not None:
+                summary["eval/after"] = after
         await engine.close()
         metrics.close()
         plot_run(run_dir)
@@ -254,9 +289,22 @@ async def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False,
     return summary
 
 
-async def held_out(cfg: TrainConfig, engine: Any, renderer: Any, run_dir: Path, label: str) -> float:
-    """Evaluate the engine's policy on the held-out tasks; write ``eval_<label>.json``; return the success rate."""
-    report = await evaluate_held_out(cfg, engine, renderer, label=label)
+async def held_out(cfg: TrainConfig, engine: Any, renderer: Any, run_dir: Path, label: str,
+                   stop: asyncio.Event) -> float | None:
+    """Evaluate the engine's policy on the held-out tasks; write ``eval_<label>.json``; return the success rate.
+
+    Returns None, writing nothing, when ``stop`` is set before the evaluation finishes (it is cancelled).
+    """
+    evaluation = asyncio.ensure_future(evaluate_held_out(cfg, engine, renderer, label=label))
+    stopped = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({evaluation, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    stopped.cancel()
+    if not evaluation.done():
+        evaluation.cancel()
+        await asyncio.gather(evaluation, return_exceptions=True)
+        logger.info("held-out evaluation %s training cancelled", label)
+        return None
+    report = evaluation.result()
     (run_dir / f"eval_{label}.json").write_text(json.dumps(report.to_dict(), indent=2))
     logger.info("held-out success %s training (version %d): %.3f over %d episodes", label, report.version,
                 report.success_rate, report.episodes)
@@ -264,14 +312,21 @@ async def held_out(cfg: TrainConfig, engine: Any, renderer: Any, run_dir: Path, 
 
 
 async def next_batch(pool: TrajectoryPool, learner: Any, cfg: TrainConfig, stop: asyncio.Event,
-                     on_decision: Any) -> Any:
+                     on_decision: Any, collector: RolloutCollector) -> Any:
     """Wait until the pool yields a full batch of B under the staleness policy (None when stopped).
 
     Every selection attempt is a logged decision: ``on_decision(selection)`` sees each one, also
     the attempts that rejected trajectories but left too few for a batch.
+
+    Raises:
+        AgentEnvError: :func:`failure_limit` episodes in a row failed (a broken environment, sandbox
+            or engine); the message carries the last episode's error.
     """
     scorer = learner.score if cfg.staleness.policy == "pace" and cfg.staleness.drift_mode == "scoring" else None
     while not stop.is_set():
+        if collector.failure_streak >= failure_limit(cfg.run.concurrency):
+            raise AgentEnvError(f"the last {collector.failure_streak} episodes all failed; "
+                                f"the latest with: {collector.last_error}")
         if len(pool) >= cfg.run.batch_size:
             selection = pool.select_batch(cfg.run.batch_size, learner.version, drift_scorer=scorer)
             on_decision(selection)
@@ -291,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         run_dir = prepare_run_dir(cfg, resume=args.resume, overwrite=args.overwrite)
         if args.resume:
-            cfg = replace(load_config(TrainConfig, read_yaml(run_dir / "config.yaml")), run=cfg.run)
+            cfg = resumed_config(run_dir, args.overrides)
     except AgentEnvError as exc:
         print(f"agentenv train: {exc}", file=sys.stderr)
         return 2
@@ -300,12 +355,22 @@ def main(argv: list[str] | None = None) -> int:
     async def run() -> dict[str, Any]:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
-        loop.add_signal_handler(signal.SIGINT, stop.set)  # Ctrl-C: finish the update, checkpoint, stop
-        loop.add_signal_handler(signal.SIGTERM, stop.set)
+
+        def on_signal() -> None:  # Ctrl-C: finish the step or update at hand, checkpoint, stop
+            if not stop.is_set():
+                print("\nagentenv train: stopping (finishing the current step; a final checkpoint follows)",
+                      file=sys.stderr)
+            stop.set()
+
+        loop.add_signal_handler(signal.SIGINT, on_signal)
+        loop.add_signal_handler(signal.SIGTERM, on_signal)
         return await train(cfg, run_dir, resume=args.resume, stop=stop)
 
     try:
         summary = asyncio.run(run())
+    except Interrupted as exc:
+        print(f"agentenv train: {exc}", file=sys.stderr)
+        return 130
     except AgentEnvError as exc:
         print(f"agentenv train: {exc}", file=sys.stderr)
         return 1

@@ -66,20 +66,31 @@ def env_factory(cfg: TrainConfig) -> Callable[[], Env]:
 
 
 # -- model ----------------------------------------------------------------------------------------
-def load_policy(cfg: TrainConfig) -> tuple[torch.nn.Module, Any, ChatRenderer]:
-    """Load the policy and its tokenizer; apply the (cached) tool-use warm-up when configured."""
+def load_policy(
+    cfg: TrainConfig, *, should_stop: Callable[[], bool] | None = None
+) -> tuple[torch.nn.Module, Any, ChatRenderer]:
+    """Load the policy and its tokenizer; apply the (cached) tool-use warm-up when configured.
+
+    Raises:
+        Interrupted: ``should_stop()`` became true during the warm-up (nothing is cached then).
+    """
     from agentenv.models import load_model_and_tokenizer
 
     model, tokenizer = load_model_and_tokenizer(cfg.model.name, device=cfg.model.device)
     renderer = ChatRenderer(tokenizer)
     if cfg.warmup.steps > 0 and cfg.env.id == "python_tool":
-        model = warmed_up(cfg, model, tokenizer, renderer)
+        model = warmed_up(cfg, model, tokenizer, renderer, should_stop=should_stop)
     model.eval()
     return model, tokenizer, renderer
 
 
-def warmed_up(cfg: TrainConfig, model: torch.nn.Module, tokenizer: Any, renderer: ChatRenderer) -> torch.nn.Module:
-    """The model after the scripted tool-use warm-up, computed once and cached by its settings."""
+def warmed_up(cfg: TrainConfig, model: torch.nn.Module, tokenizer: Any, renderer: ChatRenderer, *,
+              should_stop: Callable[[], bool] | None = None) -> torch.nn.Module:
+    """The model after the scripted tool-use warm-up, computed once and cached by its settings.
+
+    Raises:
+        Interrupted: ``should_stop()`` became true between two warm-up steps (nothing cached).
+    """
     import random
 
     from agentenv.envs.python_tool import PythonToolEnv, format_result
@@ -108,9 +119,10 @@ def warmed_up(cfg: TrainConfig, model: torch.nn.Module, tokenizer: Any, renderer
         bar.update(1)
         bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
 
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    losses = sft_warmup(model, examples, cfg.warmup, pad_id=pad, log=log)
-    bar.close()
+    try:
+        losses = sft_warmup(model, examples, cfg.warmup, log=log, should_stop=should_stop)
+    finally:
+        bar.close()
     tmp = folder / "model.pt.tmp"
     torch.save(model.state_dict(), tmp)
     tmp.replace(weights)
@@ -126,14 +138,26 @@ def build_learner(cfg: TrainConfig, model: torch.nn.Module) -> Any:
 
 
 def build_engine(cfg: TrainConfig, model: torch.nn.Module, tokenizer: Any) -> Any:
-    """The generation engine the config names, serving policy version 0."""
+    """The generation engine the config names, serving policy version 0.
+
+    vLLM gets the model written to a temporary folder (bfloat16 weights on a GPU) and the memory share
+    of ``model.memory_share``.
+
+    Raises:
+        ConfigError: vLLM asked for but not installed.
+        EngineError: The engine failed to start.
+    """
     from agentenv.engines.base import ContinuationMode
 
     mode = ContinuationMode(cfg.model.continuation)
     if cfg.model.engine == "vllm":
         from agentenv.engines.vllm_engine import VLLMEngine
 
-        return VLLMEngine.from_model(model, tokenizer, continuation=mode, seed=cfg.run.seed)
+        gpu = torch.cuda.is_available()
+        share = cfg.model.memory_share or (0.2 if not gpu else 0.9 if cfg.learner.backend == "ray" else 0.45)
+        return VLLMEngine.from_model(model, tokenizer, continuation=mode, seed=cfg.run.seed,
+                                     max_batch_size=cfg.model.max_batch_size, dtype="bfloat16" if gpu else "auto",
+                                     gpu_memory_utilization=share)
     from agentenv.engines.transformers_engine import TransformersEngine
 
     return TransformersEngine(model, tokenizer, max_batch_size=cfg.model.max_batch_size, continuation=mode,

@@ -15,6 +15,7 @@ games is the number of environments the caller keeps.
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
@@ -49,6 +50,20 @@ SYSTEM_PROMPT = (
 )
 
 
+def require_alfworld() -> None:
+    """Check that the game engine can be imported (it is an optional install).
+
+    Raises:
+        ConfigError: ``alfworld`` or ``textworld`` is missing; the message says how to install them.
+    """
+    missing = [name for name in ("textworld", "alfworld") if importlib.util.find_spec(name) is None]
+    if missing:
+        raise ConfigError(
+            f"the ALFWorld environment needs {' and '.join(missing)}, which are not installed: "
+            "run `bash scripts/install_alfworld.sh` (uses .venv/bin/pip; PIP=... to choose another)"
+        )
+
+
 class AlfWorldEnv(Env[str, str]):
     """One ALFWorld TextWorld game per episode.
 
@@ -69,7 +84,8 @@ class AlfWorldEnv(Env[str, str]):
     Raises:
         DataError: (constructor) unknown split; (reset) missing split folder, missing or corrupt
             game file, unknown game name or index.
-        ConfigError: (constructor) ``max_steps < 1``.
+        ConfigError: (constructor) ``max_steps < 1``, or the ``alfworld``/``textworld`` packages are not
+            installed (the message names ``scripts/install_alfworld.sh``).
     """
 
     system_prompt = SYSTEM_PROMPT
@@ -86,6 +102,7 @@ class AlfWorldEnv(Env[str, str]):
     ) -> None:
         if max_steps < 1:
             raise ConfigError(f"max_steps must be >= 1, got {max_steps}")
+        require_alfworld()
         self.split = canonical_split(split)
         self.max_steps = max_steps
         self.data_root = data_root

@@ -237,6 +237,7 @@ async def test_close_during_a_call_returns_promptly(sandbox):
     from agentenv.sandboxes import Sandbox
 
     assert isinstance(sandbox, Sandbox)
+    await sandbox.start()  # closing while the worker still starts is a ClosedError instead (not this case)
     task = asyncio.create_task(sandbox.run("import time\ntime.sleep(60)", timeout_s=120))
     await asyncio.sleep(0.3)
     t0 = time.monotonic()

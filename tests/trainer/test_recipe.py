@@ -83,3 +83,62 @@ def test_two_async_updates_with_the_default_model_then_resume(tmp_path):
     assert json.loads((run / "summary.json").read_text())["updates"] == 3
     assert json.loads((run / "eval_before.json").read_text()) == before  # not re-run on resume
     assert json.loads((run / "eval_after.json").read_text())["version"] == 3
+
+
+def test_resume_keeps_the_saved_config_except_what_its_command_line_says(tmp_path):
+    import yaml
+
+    from agentenv.configio import to_dict
+    from agentenv.trainer.recipe import resumed_config
+
+    run = tmp_path / "run"
+    saved, _ = parse_args(["--run-dir", str(run), "--updates", "7", "run.batch_size=4", "optim.lr=3e-6"])
+    prepare_run_dir(saved, resume=False, overwrite=False)
+    assert not any(run.iterdir())  # nothing written before the model has loaded: a failed start blocks nothing
+    prepare_run_dir(saved, resume=False, overwrite=False)
+    (run / "config.yaml").write_text(yaml.safe_dump(to_dict(saved)))
+    _, args = parse_args(["--run-dir", str(run), "--resume", "--updates", "9"])
+    cfg = resumed_config(run, args.overrides)
+    assert (cfg.run.updates, cfg.run.batch_size, cfg.optim.lr) == (9, 4, 3e-6)  # recipe defaults do not creep in
+    _, args = parse_args(["--run-dir", str(run), "--resume"])
+    assert resumed_config(run, args.overrides).run.updates == 7
+    with pytest.raises(RunFolderError, match="without --resume"):
+        resumed_config(tmp_path / "nothing", [])
+
+
+async def test_held_out_evaluation_is_cancelled_by_stop_and_writes_nothing(tmp_path, monkeypatch):
+    import asyncio
+
+    from agentenv.trainer import recipe
+
+    started = asyncio.Event()
+
+    async def forever(*args, **kwargs):
+        started.set()
+        await asyncio.sleep(3600)
+
+    monkeypatch.setattr(recipe, "evaluate_held_out", forever)
+    cfg, _ = parse_args([])
+    stop = asyncio.Event()
+    task = asyncio.ensure_future(recipe.held_out(cfg, None, None, tmp_path, "before", stop))
+    await asyncio.wait_for(started.wait(), 5)
+    stop.set()
+    assert await asyncio.wait_for(task, 5) is None
+    assert not (tmp_path / "eval_before.json").exists()
+
+
+async def test_a_run_whose_episodes_all_fail_stops_with_the_error():
+    import asyncio
+    from types import SimpleNamespace
+
+    from agentenv.errors import AgentEnvError
+    from agentenv.trainer.recipe import failure_limit, next_batch
+
+    cfg, _ = parse_args(["run.concurrency=2"])
+    collector = SimpleNamespace(failure_streak=failure_limit(2), last_error="sandbox: no such image")
+    learner = SimpleNamespace(score=None)
+    with pytest.raises(AgentEnvError, match=r"last 16 episodes all failed.*no such image"):
+        await asyncio.wait_for(next_batch([], learner, cfg, asyncio.Event(), print, collector), 5)
+    collector.failure_streak -= 1  # one below the limit: it keeps waiting for a batch
+    with pytest.raises(asyncio.TimeoutError):
+        await asyncio.wait_for(next_batch([], learner, cfg, asyncio.Event(), print, collector), 0.3)

@@ -61,7 +61,7 @@ def test_gpu_recipes_mirror_the_papers(name, batch, entropy):
         (["learner.param_dtype=bf16"], "single learner trains in the model's own dtype"),
         (["learner.backend=ray", "learner.num_gpus_per_actor=-1"], "num_gpus_per_actor"),
         (["learner.backend=openrlhf", "optim.micro_batch_size=3"], r"multiple of optim.micro_batch_size"),
-        (["learner.backend=ray", "learner.world_size=3"], r"= 12 for the ray learner"),
+        (["learner.backend=ray", "learner.world_size=3", "optim.micro_batch_size=4"], r"= 12 for the ray learner"),
         (["learner.nodes=2"], "unknown field"),
     ],
 )

