@@ -8,6 +8,8 @@ from __future__ import annotations
 import importlib
 import sys
 
+from agentenv.malloc import return_freed_memory_to_os
+
 #: subcommand -> ("module:function", one-line help). Each function takes ``argv`` and returns an exit code.
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("agentenv.trainer.recipe:main", "train a model with asynchronous RL (FlashREINFORCE + PACE)"),
@@ -37,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     if name not in COMMANDS:
         print(f"agentenv: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2
+    return_freed_memory_to_os()  # before any tensor exists: keeps long training runs from growing
     module_name, _, func_name = COMMANDS[name][0].partition(":")
     func = getattr(importlib.import_module(module_name), func_name)
     return int(func(rest) or 0)
