@@ -1,0 +1,80 @@
+"""Finding the recipe file of ``agentenv train``: a shipped name, a YAML path, or ``<env>_cpu`` by default.
+
+Shipped recipes live in ``recipes/`` at the top of the checkout; a non-editable install carries them as
+``agentenv/recipes/`` (package ``agentenv.recipes``), which is the same place relative to this module.
+Every failure is a clear error naming what was looked for and what exists.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from agentenv.errors import ConfigError, EnvNotFound
+from agentenv.registration import load_plugins, registry
+
+RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"
+"""``recipes/`` beside ``trainer/`` in a checkout; ``agentenv/recipes/`` in an installed wheel."""
+DEFAULT_ENV = "python_tool"
+"""The environment trained when neither ``--recipe`` nor ``--env`` is given."""
+
+
+def shipped_recipes(recipes_dir: Path = RECIPES_DIR) -> list[str]:
+    """The names (file stems) of the shipped recipes, sorted; empty when the folder is missing."""
+    return sorted(p.stem for p in recipes_dir.glob("*.yaml"))
+
+
+def _shipped_hint(recipes_dir: Path) -> str:
+    names = shipped_recipes(recipes_dir)
+    return f"shipped recipes: {', '.join(names)}" if names else f"no recipes are shipped in {recipes_dir}"
+
+
+def _is_path_like(recipe: str) -> bool:
+    return recipe.startswith(("/", ".", "~")) or "/" in recipe or Path(recipe).suffix in (".yaml", ".yml")
+
+
+def find_recipe(recipe: str | None, env_id: str | None = None, *, recipes_dir: Path = RECIPES_DIR) -> Path:
+    """Return the recipe file to load for ``--recipe`` / ``--env``.
+
+    Args:
+        recipe: A shipped recipe name (``python_tool_cpu``), a path to a YAML file, or None for the
+            default recipe of the environment, ``<env_id>_cpu``.
+        env_id: The ``--env`` value; only used when ``recipe`` is None (None means ``python_tool``).
+        recipes_dir: Where the shipped recipes are (tests pass their own).
+
+    Returns:
+        An existing YAML file.
+
+    Raises:
+        ConfigError: A recipe path that does not exist or is a folder, an unknown recipe name, or a
+            registered environment without a shipped ``<env>_cpu`` recipe; the message lists the
+            shipped recipe names.
+        EnvNotFound: ``recipe`` is None and ``env_id`` is not a registered environment; the message
+            lists the registered ids.
+    """
+    if recipe is None:
+        env = env_id or DEFAULT_ENV
+        load_plugins()
+        if env not in registry:
+            known = ", ".join(sorted(registry)) or "none"
+            raise EnvNotFound(f"unknown environment {env!r} (registered environments: {known}; "
+                              f"`agentenv envs` describes them)")
+        candidate = recipes_dir / f"{env}_cpu.yaml"
+        if candidate.is_file():
+            return candidate
+        raise ConfigError(f"environment {env!r} has no shipped default recipe ({candidate.name}); pass "
+                          f"--recipe with a recipe name or a YAML file ({_shipped_hint(recipes_dir)})")
+    if _is_path_like(recipe):
+        path = Path(recipe).expanduser()
+        if path.is_file():
+            return path
+        shipped = recipes_dir / path.name
+        if "/" not in recipe and shipped.is_file():  # "python_tool_cpu.yaml" names the shipped file
+            return shipped
+        if path.is_dir():
+            raise ConfigError(f"recipe {recipe!r} is a folder, not a YAML file ({_shipped_hint(recipes_dir)})")
+        raise ConfigError(f"recipe file {recipe!r} does not exist ({_shipped_hint(recipes_dir)}; "
+                          f"pass one by name, e.g. --recipe {DEFAULT_ENV}_cpu)")
+    candidate = recipes_dir / f"{recipe}.yaml"
+    if candidate.is_file():
+        return candidate
+    raise ConfigError(f"unknown recipe {recipe!r} ({_shipped_hint(recipes_dir)}; or pass a path to a YAML file)")
