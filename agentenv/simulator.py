@@ -35,7 +35,7 @@ import math
 import sys
 from collections import deque
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Literal, get_args
 
 import numpy as np
 
@@ -44,14 +44,17 @@ from agentenv.pool import TrajectoryPool
 from agentenv.staleness import StalenessConfig
 from agentenv.trajectory import Segment, Trajectory
 
-SIM_POLICIES = ("sync", "none", "max_lag", "pace", "pace_share")
+PolicyChoice = Literal["sync", "none", "max_lag", "pace", "pace_share", "all"]
+"""The ``--policy`` values; ``agentenv simulate --help`` lists them and rejects anything else."""
+SIM_POLICIES: tuple[str, ...] = tuple(p for p in get_args(PolicyChoice) if p != "all")
+"""The simulated staleness policies, in table order (``all`` runs each of them)."""
 
 
 @dataclass(frozen=True)
 class SimConfig:
     """Pipeline simulator settings (``agentenv simulate``)."""
 
-    policy: str = "pace"
+    policy: PolicyChoice = "pace"
     """One of ``sync``, ``none``, ``max_lag``, ``pace`` (scoring drift), ``pace_share`` (token-share
     drift), or ``all`` (CLI only: run every policy and print a comparison table)."""
     batch_size: int = 64
@@ -506,7 +509,8 @@ def main(argv: list[str] | None = None) -> int:
     import tyro
 
     try:
-        cfg = tyro.cli(SimConfig, args=argv, description="Simulate the asynchronous RL pipeline.")
+        cfg = tyro.cli(SimConfig, args=argv, prog="agentenv simulate",
+                       description="Simulate the asynchronous RL pipeline.")
     except ConfigError as e:
         print(f"agentenv simulate: {e}", file=sys.stderr)
         return 2
