@@ -43,6 +43,7 @@ from agentenv.collector import RolloutCollector
 from agentenv.configio import apply_overrides, load_config, read_yaml, to_dict
 from agentenv.engines.busy import BusyTrackingEngine
 from agentenv.errors import AgentEnvError, ConfigError, Interrupted, RunFolderError
+from agentenv.models import check_model
 from agentenv.pool import TrajectoryPool
 from agentenv.trainer import setup
 from agentenv.trainer.checkpoint import CheckpointManager, latest_checkpoint
@@ -50,10 +51,10 @@ from agentenv.trainer.config import TrainConfig
 from agentenv.trainer.heldout import evaluate_held_out
 from agentenv.trainer.metrics import MetricsWriter
 from agentenv.trainer.plots import plot_run
+from agentenv.trainer.recipe_files import find_recipe
 
 logger = logging.getLogger("agentenv.train")
 
-RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"
 
 
 def failure_limit(concurrency: int) -> int:
@@ -68,16 +69,9 @@ def resolve_recipe(name: str) -> Path:
     """A recipe name (``recipes/<name>.yaml``) or a path to a YAML file.
 
     Raises:
-        ConfigError: No such recipe; the message lists the shipped ones.
+        ConfigError: No such recipe or file; the message lists the shipped ones.
     """
-    p = Path(name)
-    if p.suffix in (".yaml", ".yml") and p.is_file():
-        return p
-    candidate = RECIPES_DIR / f"{name}.yaml"
-    if candidate.is_file():
-        return candidate
-    known = ", ".join(sorted(q.stem for q in RECIPES_DIR.glob("*.yaml")))
-    raise ConfigError(f"unknown recipe {name!r} (shipped recipes: {known})")
+    return find_recipe(name)
 
 
 def parse_args(argv: list[str]) -> tuple[TrainConfig, argparse.Namespace]:
@@ -98,8 +92,7 @@ def parse_args(argv: list[str]) -> tuple[TrainConfig, argparse.Namespace]:
     ap.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     args, rest = ap.parse_known_args(argv)
     overrides = _dotted_overrides(rest)
-    env_id = args.env or "python_tool"
-    data = read_yaml(resolve_recipe(args.recipe or f"{env_id}_cpu"))
+    data = read_yaml(find_recipe(args.recipe, args.env))
     for flag, key in (("env", "env.id"), ("model", "model.name"), ("run_dir", "run.run_dir"),
                       ("updates", "run.updates"), ("mode", "run.mode"), ("policy", "staleness.policy")):
         value = getattr(args, flag)
@@ -344,6 +337,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.print_config:
             print(yaml.safe_dump(to_dict(cfg), sort_keys=False))
             return 0
+        check_model(cfg.model.name)  # a model that cannot be found fails before the run folder is made
         run_dir = prepare_run_dir(cfg, resume=args.resume, overwrite=args.overwrite)
         if args.resume:
             cfg = resumed_config(run_dir, args.overrides)

@@ -40,6 +40,20 @@ def test_unknown_env_is_a_clear_error(tmp_path, capsys):
     assert "no environment 'no_such_env'" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--env", "no_such_env"], "unknown environment 'no_such_env' (registered environments: "),
+        (["--recipe", "/nonexistent/r.yaml"], "recipe file '/nonexistent/r.yaml' does not exist"),
+        (["--model", "/nonexistent/model"], "model folder '/nonexistent/model' does not exist"),
+    ],
+)
+def test_command_line_mistakes_fail_before_a_run_folder_exists(tmp_path, capsys, argv, needle):
+    assert main(argv + ["--run-dir", str(tmp_path / "run")]) == 2
+    assert needle in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
 def test_run_folder_is_never_overwritten_silently(tmp_path):
     cfg, _ = parse_args(["--run-dir", str(tmp_path / "run")])
     run = prepare_run_dir(cfg, resume=False, overwrite=False)

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from agentenv.errors import ConfigError
-from agentenv.trainer.recipe import RECIPES_DIR, parse_args, resolve_recipe
+from agentenv.trainer.recipe import parse_args, resolve_recipe
+from agentenv.trainer.recipe_files import RECIPES_DIR
 
 SHIPPED = {"python_tool_cpu", "alfworld_cpu", "python_tool_qwen2.5_7b", "alfworld_qwen2.5_7b"}
 
