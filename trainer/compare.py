@@ -69,12 +69,18 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``agentenv compare``."""
-    ap = argparse.ArgumentParser(prog="agentenv compare", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--recipe", default="python_tool_cpu")
-    ap.add_argument("--updates", type=int, default=10)
-    ap.add_argument("--out", default="runs/compare")
+    ap = argparse.ArgumentParser(
+        prog="agentenv compare",
+        description="Train one recipe synchronously and asynchronously (staleness policies none, max_lag, "
+                    "pace) for the same number of updates, and print a table of loop wall-clock time (and "
+                    "its ratio to the synchronous run), reward, GS/WS, rejection rate and engine busy share.",
+        epilog="Example: agentenv compare --updates 10 --out runs/compare  (about 30 minutes on 2 CPU cores)")
+    ap.add_argument("--recipe", default="python_tool_cpu", help="recipe name or YAML path (default: %(default)s)")
+    ap.add_argument("--updates", type=int, default=10, help="updates per setting (default: %(default)s)")
+    ap.add_argument("--out", default="runs/compare",
+                    help="folder for one run folder per setting and compare.md/.json (default: %(default)s)")
     ap.add_argument("--only", nargs="*", help="a subset of: " + ", ".join(s[0] for s in SETTINGS))
-    ap.add_argument("--overwrite", action="store_true")
+    ap.add_argument("--overwrite", action="store_true", help="replace existing run folders under --out")
     ap.add_argument("overrides", nargs="*", help="section.field=value overrides for every setting")
     args = ap.parse_args(argv)
     out = Path(args.out)

@@ -46,7 +46,15 @@ from agentenv.trajectory import Trajectory
 if TYPE_CHECKING:
     from agentenv.trainer.checkpoint import LoadedCheckpoint
 
-__all__ = ["Learner", "OptimConfig", "UpdateStats", "prepare_batch", "token_logprobs", "update_stats"]
+__all__ = [
+    "Learner",
+    "OptimConfig",
+    "UpdateStats",
+    "enable_gradient_checkpointing",
+    "prepare_batch",
+    "token_logprobs",
+    "update_stats",
+]
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +79,10 @@ class OptimConfig:
         grpo_clip_eps: GRPO/PPO ratio clip epsilon.
         step_on_zero_gradient: Take the optimizer step (and bump the version) even when the batch
             carries no gradient (all rows rejected or zero advantage). Default False: skip it.
+        gradient_checkpointing: Recompute each decoder layer's activations in the backward pass
+            instead of keeping them (transformers' activation checkpointing, non-reentrant):
+            activation memory of a row drops from all layers to about one, for one extra forward.
+            The gradient is unchanged.
     """
 
     objective: Literal["flash_reinforce", "grpo"] = "flash_reinforce"
@@ -86,6 +98,7 @@ class OptimConfig:
     grpo_group_size: int = 8
     grpo_clip_eps: float = 0.2
     step_on_zero_gradient: bool = False
+    gradient_checkpointing: bool = False
 
     def __post_init__(self) -> None:
         if self.objective not in ("flash_reinforce", "grpo"):
@@ -222,6 +235,24 @@ def token_logprobs(
     return lp, ent
 
 
+def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
+    """Turn on non-reentrant activation checkpointing for a transformers model (training mode only).
+
+    Raises:
+        ConfigError: The model has no ``gradient_checkpointing_enable`` (not a transformers model).
+    """
+    inner = getattr(model, "module", model)
+    kwargs = {"use_reentrant": False}
+    if hasattr(inner, "activation_checkpointing_enable"):  # transformers >= 5.x names it so
+        inner.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    elif hasattr(inner, "gradient_checkpointing_enable"):
+        inner.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    else:
+        raise ConfigError(f"optim.gradient_checkpointing needs a transformers model, not {type(inner).__name__}")
+    if getattr(inner, "config", None) is not None:
+        inner.config.use_cache = False  # a KV cache is useless in a training forward pass
+
+
 def _accepts_logits_to_keep(model: torch.nn.Module) -> bool:
     """Whether ``model`` (or the module a DeepSpeed engine wraps) takes a ``logits_to_keep`` argument."""
     inner = getattr(model, "module", model)
@@ -252,6 +283,8 @@ class Learner:
         self.config = config
         self.pad_token_id = pad_token_id
         self.version = version
+        if config.gradient_checkpointing:
+            enable_gradient_checkpointing(model)
         params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
             params, lr=config.lr, betas=config.betas, eps=config.adam_eps, weight_decay=config.weight_decay

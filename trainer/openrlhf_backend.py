@@ -61,7 +61,14 @@ from torch import nn
 
 from agentenv.errors import ConfigError, DataError
 from agentenv.trainer.batching import PolicyBatch, build_batch, shard, split_micro_batches
-from agentenv.trainer.learner import OptimConfig, UpdateStats, prepare_batch, token_logprobs, update_stats
+from agentenv.trainer.learner import (
+    OptimConfig,
+    UpdateStats,
+    enable_gradient_checkpointing,
+    prepare_batch,
+    token_logprobs,
+    update_stats,
+)
 from agentenv.trainer.objectives import (
     ObjectiveStats,
     flash_reinforce_loss,
@@ -275,6 +282,8 @@ class OpenRLHFLearner:
             "max_norm": optim.grad_clip,
             "scheduler_steps": 1,
         }
+        if optim.gradient_checkpointing:
+            enable_gradient_checkpointing(model)
         self.engine, self.optimizer, _ = self.strategy.prepare((model, cfg))
         # The same warmup as the single-process learner (linear over warmup_steps, then constant),
         # on the optimizer DeepSpeed steps; DeepSpeed calls it once per optimizer step.
