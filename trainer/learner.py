@@ -411,6 +411,8 @@ class Learner:
                 weights (one ``(T_i,)`` tensor per trajectory, in order); when given, the
                 FlashREINFORCE gate uses it as ``q`` (the same q PACE's drift used) and micro-batches
                 with no admitted row of nonzero advantage skip their forward pass. GRPO ignores it.
+                Without it, a batch whose rewards are all equal is scored here (no gradient can
+                come from it, so no training forward or backward runs).
 
         Returns:
             :class:`UpdateStats`. ``stepped`` is False (and the version unchanged) when the batch
@@ -422,6 +424,10 @@ class Learner:
                 untouched when this is raised (gradients are cleared).
         """
         t0 = time.perf_counter()
+        if scores is None and self.config.objective == "flash_reinforce" and len({t.reward for t in trajectories}) == 1:
+            # Every advantage is 0, so the gradient is 0 whatever the current policy: a scoring pass
+            # (no graph, no backward) is enough for the gate's statistics, and the forward is skipped.
+            scores = self.score(trajectories)
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         try:

@@ -183,7 +183,12 @@ def test_equal_rewards_zero_gradient_skip():
     trajs = make_trajectories(3, seed=7, rewards=[1, 1, 1])
     g, _ = _grads(learner, trajs)
     assert all(not v.any() for v in g.values())
-    assert not learner.update(trajs).stepped
+    with_graph = []
+    hook = learner.model.register_forward_hook(lambda *_: with_graph.append(torch.is_grad_enabled()))
+    stats = learner.update(trajs)  # no scores given: it scores without a graph and skips the training pass
+    hook.remove()
+    assert not stats.stepped and with_graph and not any(with_graph)
+    assert stats.objective.rows == 3 and stats.objective.admitted == 3  # delta 10: the gate's statistics exist
 
 
 def test_bad_input_errors_name_the_trajectory():
