@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import signal
 import statistics
 import sys
 from pathlib import Path
@@ -84,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("overrides", nargs="*", help="section.field=value overrides for every setting")
     args = ap.parse_args(argv)
     out = Path(args.out)
-    rows = []
+    rows, interrupted = [], False
     try:
         base = apply_overrides(read_yaml(resolve_recipe(args.recipe)), ["eval.problems=0", *args.overrides])
         for name, mode, policy in SETTINGS:
@@ -95,14 +96,30 @@ def main(argv: list[str] | None = None) -> int:
             cfg = load_config(TrainConfig, data)
             run_dir = prepare_run_dir(cfg, resume=False, overwrite=args.overwrite)
             print(f"== {name} ==", file=sys.stderr)
-            asyncio.run(train(cfg, run_dir))
+            if asyncio.run(_train_until_ctrl_c(cfg, run_dir)):
+                print(f"agentenv compare: stopped during {name}; the table has the settings that finished",
+                      file=sys.stderr)
+                interrupted = True
+                break
             rows.append(summarize(name, run_dir))
     except AgentEnvError as exc:
         print(f"agentenv compare: {exc}", file=sys.stderr)
         return 2
+    if not rows:
+        return 130 if interrupted else 0
     rows = with_ratio_to_sync(rows)
     table = markdown_table(rows)
     print(table)
     (out / "compare.md").write_text(table + "\n")
     (out / "compare.json").write_text(json.dumps(rows, indent=2))
-    return 0
+    return 130 if interrupted else 0
+
+
+async def _train_until_ctrl_c(cfg: TrainConfig, run_dir: Path) -> bool:
+    """Train one setting; Ctrl-C stops it cleanly (as in ``agentenv train``). Returns True when stopped."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGINT, stop.set)
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    await train(cfg, run_dir, stop=stop)
+    return stop.is_set()
