@@ -80,9 +80,13 @@ def test_two_async_updates_with_the_default_model_then_resume(tmp_path):
     assert before["episodes"] == after["episodes"] == 2 and before["errors"] == 0
     summary = json.loads((run / "summary.json").read_text())
     assert summary["eval/before"] == before["success_rate"] and summary["eval/after"] == after["success_rate"]
-    assert 0 < summary["peak_rss_gb"] < 6 and 0 < summary["train_s"] < summary["wall_clock_s"]
+    assert 0 < summary["train_s"] < summary["wall_clock_s"]
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["update"] for r in rows] == [1, 2]
+    # peak RSS is the process's high-water mark (pytest's, here: other tests count too, so no bound;
+    # the default run's memory is measured by benchmarks/bench_learner_memory.py and BENCHMARKS.md)
+    peaks = [r["memory/peak_rss_gb"] for r in rows] + [summary["peak_rss_gb"]]
+    assert 0 < peaks[0] and peaks == sorted(peaks)
     assert all(0 < r["engine/busy_share"] <= 1 for r in rows)
     consumed = [json.loads(line) for line in (run / "staleness.jsonl").read_text().splitlines()]
     assert len(consumed) == 4  # B = 2 trajectories per update
