@@ -106,7 +106,7 @@ def _train_and_resume(rank: int, run_dir: str):
     from agentenv.engines.transformers_engine import TransformersEngine
     from agentenv.trainer import setup
 
-    setup.load_policy = lambda cfg: (tiny_lm(), None, CharRenderer())
+    setup.load_policy = lambda cfg, **_: (tiny_lm(), None, CharRenderer())
     setup.build_engine = lambda cfg, model, tok: TransformersEngine(model, None, max_batch_size=4,
                                                                     seed=cfg.run.seed)
     return train_then_resume(run_dir, OVERRIDES)
