@@ -127,7 +127,9 @@ async def kill_state(state: ProcState) -> None:
         await asyncio.wait_for(state.proc.wait(), 10)
     if state.proc.stdin is not None:
         state.proc.stdin.close()
-    with contextlib.suppress(asyncio.TimeoutError, OSError):  # let the pipe see EOF: transport closes
+    # Let the pipe see EOF so that its transport closes. RuntimeError: a call in flight is already
+    # reading this stream (close() during run()); that reader gets the EOF and reports the close.
+    with contextlib.suppress(asyncio.TimeoutError, OSError, RuntimeError):
         await asyncio.wait_for(state.proc.stdout.read(), 2)
     if state.tmpdir:
         shutil.rmtree(state.tmpdir, ignore_errors=True)
