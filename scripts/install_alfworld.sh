@@ -5,27 +5,42 @@
 # extras, which we do not install), so it leaves torch and transformers as they are; checked below.
 # textworld is pinned to 1.7.0 because envs/alfworld/game.py reuses textworld 1.7's PddlEnv.reset body.
 #
-#   bash scripts/install_alfworld.sh      # uses ${PIP:-.venv/bin/pip}; idempotent
+# fast-downward-textworld's build runs `python build.py` in a subprocess: the venv's bin/ is first on
+# PATH (below), so that `python` is the venv's interpreter and not a pyenv shim or /usr/bin/python3
+# (with a pyenv shim first the build died with "No module named 'glob'").
+#
+#   bash scripts/install_alfworld.sh      # uses ${PY:-.venv/bin/python} -m pip; idempotent
 set -euo pipefail
-cd "$(dirname "$0")/.."
-PIP=${PIP:-.venv/bin/pip}
-PY=${PY:-.venv/bin/python}
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$repo"
+# The venv's interpreter (PY=...; a PIP=.../bin/pip is read as its python), never the `python` on PATH;
+# its bin/ goes first on PATH so that a build that spawns `python` gets it too. Pins: constraints.txt.
+if [ -z "${PY:-}" ] && [ -n "${PIP:-}" ]; then PY="$(dirname "$PIP")/python"; fi
+PY="${PY:-$repo/.venv/bin/python}"
+[ -x "$PY" ] || { echo "$(basename "$0"): $PY not found; run bash scripts/install.sh first" >&2; exit 1; }
+PY="$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY")"
+export PATH="$(dirname "$PY"):$PATH"
+CONSTRAINTS="${AGENTENV_CONSTRAINTS:-$repo/constraints.txt}"
+export PIP_CONSTRAINT="$CONSTRAINTS"
+pip_install() { "$PY" -m pip install -c "$CONSTRAINTS" "$@"; }
 
-if $PY -c "import alfworld, textworld, fast_downward; assert textworld.__version__ == '1.7.0'" 2>/dev/null; then
+if "$PY" -c "import alfworld, textworld, fast_downward; assert textworld.__version__ == '1.7.0'" 2>/dev/null; then
   echo "alfworld already installed"
   exit 0
 fi
-before=$($PY -c 'import torch, transformers; print(torch.__version__, transformers.__version__)' 2>/dev/null || echo none)
+before=$("$PY" -c 'import torch, transformers; print(torch.__version__, transformers.__version__)' 2>/dev/null || echo none)
 # Build tools for the two source builds (fast-downward-textworld: cmake + a C++ compiler; jericho: make + cc).
-if ! command -v cmake >/dev/null || ! command -v g++ >/dev/null; then
+if ! command -v cmake >/dev/null || ! command -v g++ >/dev/null || ! command -v make >/dev/null; then
   if command -v apt-get >/dev/null; then
-    apt-get update -qq && apt-get install -y -qq build-essential cmake >/dev/null
+    echo "install_alfworld: apt-get install build-essential cmake" >&2
+    flock /tmp/apt.lock apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive flock /tmp/apt.lock apt-get install -y -qq build-essential cmake >/dev/null
   fi
 fi
-$PIP install -q "alfworld==0.4.2" "textworld[pddl]==1.7.0"
-after=$($PY -c 'import torch, transformers; print(torch.__version__, transformers.__version__)' 2>/dev/null || echo none)
+pip_install -q "alfworld==0.4.2" "textworld[pddl]==1.7.0"
+after=$("$PY" -c 'import torch, transformers; print(torch.__version__, transformers.__version__)' 2>/dev/null || echo none)
 if [ "$before" != "$after" ]; then
   echo "install_alfworld.sh: torch/transformers changed ($before -> $after)" >&2
   exit 1
 fi
-$PY -c "import alfworld.agents.environment.alfred_tw_env, textworld.envs.pddl; print('alfworld ok')"
+"$PY" -c "import alfworld.agents.environment.alfred_tw_env, textworld.envs.pddl; print('alfworld ok')"

