@@ -8,7 +8,14 @@ import time
 
 import pytest
 
-from agentenv.grading import Grader, GradeResult, extract_last_boxed, grade_answer, grade_answer_async
+from agentenv.grading import (
+    Grader,
+    GradeResult,
+    extract_final_box_group,
+    extract_last_boxed,
+    grade_answer,
+    grade_answer_async,
+)
 
 
 def slow_verify(extracted: str, golds: list[str]) -> tuple[bool, str]:
@@ -42,6 +49,27 @@ def crashing_verify(extracted: str, golds: list[str]) -> tuple[bool, str]:
 )
 def test_extract_last_boxed(text: str, expected: str | None) -> None:
     assert extract_last_boxed(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("$x = \\boxed{2}$ or $x = \\boxed{3}$", ["2", "3"]),
+        ("\\boxed{1} " + "a long stretch of working between the two boxed numbers" + " \\boxed{2}", ["2"]),
+        ("\\boxed{\\boxed{4}}", ["\\boxed{4}"]),
+        ("\\boxed{} and \\boxed{5}", ["5"]),
+        ("none", []),
+    ],
+)
+def test_extract_final_box_group(text: str, expected: list[str]) -> None:
+    assert extract_final_box_group(text) == expected
+
+
+def test_box_group_is_reported_as_one_answer() -> None:
+    r = grade_answer("$x=\\boxed{3}$ or $x=\\boxed{2}$", "2, 3")
+    assert r.correct and r.extracted == "3, 2" and r.reason == "correct (several boxes read as one set)"
+    r = grade_answer("$x=\\boxed{3}$ or $x=\\boxed{4}$", "2, 3")
+    assert not r.correct and r.extracted == "4" and r.reason == "wrong"
 
 
 def test_fraction_equals_decimal() -> None:
