@@ -4,7 +4,43 @@ A :class:`RolloutCollector` runs ``concurrency`` worker coroutines, each owning 
 and playing episodes back to back through :func:`agentenv.rollout.run_episode`. Tasks are seeds
 drawn in order from a seeded stream; a rejected trajectory's task can be put back with
 :meth:`RolloutCollector.requeue`. In asynchronous mode the workers run while the learner trains;
-in synchronous mode :meth:`RolloutCollector.collect` plays exactly ``n`` episodes and returns.
+in synchronous mode :meth:`RolloutCollector.collect` plays until it has exactly ``n`` good
+trajectories and returns.
+
+Groups. Every task is played ``group_size`` times (``n``; GRPO's rollouts per prompt, 1 for
+FlashREINFORCE) with the same reset seed, hence the same prompt. The ``n`` members of a group may run
+on different workers at once; the group is handed on only when all ``n`` are good, in one piece
+(``on_group``, or ``on_trajectory`` once per member, back to back under a lock, so the pool sees the
+group contiguous).
+
+Failures. An episode *failed*, for reasons outside the policy, when
+
+* its status is ``"error"`` (engine error, environment or sandbox crash, chat-template error: what
+  :func:`~agentenv.rollout.run_episode` records in ``info["error"]``), or
+* it has no policy token (a prompt longer than the context, an engine that returned an empty
+  completion, ``reset`` succeeding but nothing sampled). An *empty completion* means exactly this:
+  zero policy tokens. A reply that is only the stop token is the policy's own (sampled, with a
+  log-probability) choice and is kept and scored like any other.
+
+A failed episode is never handed on (it would enter a batch with reward 0 and a baseline it does
+not belong to). It is counted, its environment is closed and rebuilt (a crashed sandbox is not
+reused), and the same group member is replayed; a member that fails ``max_retries + 1`` times drops
+its task, with the whole group (good members already played are discarded and counted). A dropped
+task is not requeued; the stream moves on to the next seed.
+
+Stopping rule. ``failure_streak`` counts consecutive failures in completion order (failed episodes,
+hand-on errors and worker crashes; a good episode resets it). When it reaches ``failure_limit``
+(default ``max(16, 4 * concurrency)``) the collector stops for good: :attr:`fatal` holds an
+:class:`~agentenv.errors.AgentEnvError` naming the last error, the workers start nothing new,
+:meth:`collect` raises it, and the streak is frozen so a trainer polling it sees the limit. With
+independent failures at rate ``p`` the expected number of episodes before ``L`` failures in a row
+is about ``1 / ((1 - p) p^L)``: for ``L = 16``, about 44 at ``p = 0.9``, about 400 at ``p = 0.75``,
+1.3e5 at ``p = 0.5`` and 6e8 at ``p = 0.3``: a broken or mostly broken environment stops the run
+within a few hundred episodes, while intermittent failures never do.
+
+Robustness. A worker survives any episode's failure and any exception from ``on_trajectory``/
+``on_group`` or the environment (logged, counted, streak bumped, it goes on); a worker coroutine
+that dies anyway is restarted.
 """
 
 from __future__ import annotations
@@ -17,11 +53,14 @@ from dataclasses import dataclass
 
 from agentenv.core import Env
 from agentenv.engines.base import GenerationEngine
-from agentenv.errors import ConfigError
+from agentenv.errors import AgentEnvError, ConfigError
 from agentenv.rollout import Renderer, RolloutConfig, run_episode
 from agentenv.trajectory import Trajectory
 
 logger = logging.getLogger(__name__)
+
+_IDLE_S = 0.05  # seconds a worker waits before asking admission again (or after a crash)
+_CLOSE_TIMEOUT_S = 30.0  # seconds allowed for closing a failed episode's environment
 
 
 @dataclass(frozen=True)
@@ -32,28 +71,77 @@ class Task:
     attempt: int = 0
 
 
+class _Group:
+    """The ``n`` rollouts of one task being played: members done, members still to (re)play."""
+
+    def __init__(self, key: int, seed: int, size: int) -> None:
+        self.key = key
+        self.seed = seed
+        self.members: list[Trajectory | None] = [None] * size
+        self.todo: collections.deque[int] = collections.deque(range(size))
+        self.failures = [0] * size
+        self.dropped = False
+
+    @property
+    def complete(self) -> bool:
+        return all(m is not None for m in self.members)
+
+
+def failure_reason(traj: Trajectory) -> str | None:
+    """Why ``traj`` failed for reasons outside the policy, or None when it is a good trajectory.
+
+    Failed: status ``"error"`` (the recorded ``info["error"]``), or no policy token at all.
+    """
+    if traj.status == "error":
+        return str(traj.info.get("error") or "episode error")
+    if traj.num_policy_tokens == 0:
+        cut = traj.info.get("truncation")
+        why = "the prompt fills the context" if cut == "context" else f"truncation: {cut}"
+        return f"no policy token (empty completion; {why})"
+    return None
+
+
 class RolloutCollector:
-    """Runs episodes concurrently and hands each finished trajectory to ``on_trajectory``.
+    """Runs episodes concurrently and hands each finished good trajectory (or group) on.
 
     Args:
-        env_factory: Builds one environment per worker (called ``concurrency`` times).
+        env_factory: Builds one environment per worker (called ``concurrency`` times, and again to
+            replace the environment of a failed episode).
         engine: The shared generation engine (batches across workers).
         renderer: Chat renderer of the engine's tokenizer.
         cfg: Per-episode budgets and sampling.
-        on_trajectory: Receives every finished trajectory (the pool's ``add``), errors included.
+        on_trajectory: Receives every good trajectory (the pool's ``add``), members of a group back
+            to back; never a failed one. May be None when ``on_group`` is given.
         concurrency: Episodes in flight at once.
         version_fn: The learner's current policy version.
         first_seed: Seed of the first task; task k uses ``first_seed + k``.
         admit: Back-pressure: a worker starts a new episode only while this returns True.
-        max_retries: An episode that ended with an engine or environment error is replayed this
-            many times before its error trajectory is handed on.
+        max_retries: A failed episode's group member is replayed up to this many times; one more
+            failure drops the task (and its group). 0 drops a task at its first failure.
+        group_size: ``n``, rollouts per task (same seed, same prompt), handed on together.
+        on_group: Receives each complete group as a list of ``n`` trajectories (the pool's
+            ``add_group``); used instead of ``on_trajectory`` when given.
+        failure_limit: Consecutive failures that stop the collector (see the module docstring);
+            None means ``max(16, 4 * concurrency)``.
 
     Attributes:
-        episodes_started / episodes_finished / errors: Counters (``errors`` includes retried attempts).
-        failure_streak: Episodes (retries included) that ended in error since the last one that did
-            not; a trainer stops when this grows past any plausible run of bad luck (a broken
-            environment or engine would otherwise leave it waiting for a batch forever).
-        last_error: The error message of the latest failed episode (None before any).
+        episodes_started / episodes_finished: Episodes begun / ended (good or failed; cancelled
+            ones are not finished).
+        episodes_failed: Finished episodes that failed (each attempt counts; also ``errors``).
+        episodes_retried: Failed episodes that were replayed.
+        tasks_dropped: Tasks (groups) dropped after ``max_retries + 1`` failures of one member.
+        episodes_discarded: Good episodes not handed on (their group was dropped, or handing on
+            raised).
+        episodes_delivered: Good trajectories handed on.
+        delivery_errors: Calls of ``on_trajectory``/``on_group`` that raised.
+        worker_restarts: Worker coroutines that died and were restarted.
+        failure_streak: Consecutive failures (see the module docstring); frozen once :attr:`fatal`.
+        last_error: The latest failure's message (None before any).
+        fatal: The :class:`AgentEnvError` that stopped the collector, or None.
+
+    Raises:
+        ConfigError: ``concurrency``, ``group_size`` or ``failure_limit`` below 1, ``max_retries``
+            below 0, or neither ``on_trajectory`` nor ``on_group``.
     """
 
     def __init__(
@@ -62,35 +150,71 @@ class RolloutCollector:
         engine: GenerationEngine,
         renderer: Renderer,
         cfg: RolloutConfig,
-        on_trajectory: Callable[[Trajectory], None | Awaitable[None]],
+        on_trajectory: Callable[[Trajectory], None | Awaitable[None]] | None,
         *,
         concurrency: int = 8,
         version_fn: Callable[[], int] | None = None,
         first_seed: int = 0,
         admit: Callable[[], bool] | None = None,
-        max_retries: int = 1,
+        max_retries: int = 2,
+        group_size: int = 1,
+        on_group: Callable[[list[Trajectory]], None | Awaitable[None]] | None = None,
+        failure_limit: int | None = None,
     ) -> None:
         if concurrency < 1:
             raise ConfigError(f"concurrency must be >= 1, got {concurrency}")
+        if group_size < 1:
+            raise ConfigError(f"group_size must be >= 1, got {group_size}")
+        if max_retries < 0:
+            raise ConfigError(f"max_retries must be >= 0, got {max_retries}")
+        if failure_limit is not None and failure_limit < 1:
+            raise ConfigError(f"failure_limit must be >= 1, got {failure_limit}")
+        if on_trajectory is None and on_group is None:
+            raise ConfigError("RolloutCollector needs on_trajectory or on_group")
         self._env_factory = env_factory
         self._engine = engine
         self._renderer = renderer
         self._cfg = cfg
         self._on_trajectory = on_trajectory
+        self._on_group = on_group
         self._concurrency = concurrency
         self._version_fn = version_fn
         self._next_seed = first_seed
         self._admit = admit or (lambda: True)
         self._max_retries = max_retries
+        self._group_size = group_size
+        self.failure_limit = failure_limit if failure_limit is not None else max(16, 4 * concurrency)
+        """Consecutive failures that stop the collector."""
         self._requeued: collections.deque[Task] = collections.deque()
-        self._workers: list[asyncio.Task] = []
+        self._open: list[_Group] = []  # groups being played, oldest first
+        self._group_keys = 0
+        self._deliver_lock = asyncio.Lock()
+        self._workers: list[asyncio.Task | None] = []
         self._envs: list[Env] = []
         self._stopping = False
         self.episodes_started = 0
         self.episodes_finished = 0
-        self.errors = 0
-        self.failure_streak = 0  # episodes (retries included) ended in error since the last good one
+        self.episodes_failed = 0
+        self.episodes_retried = 0
+        self.tasks_dropped = 0
+        self.episodes_discarded = 0
+        self.episodes_delivered = 0
+        self.delivery_errors = 0
+        self.worker_restarts = 0
+        self.failure_streak = 0
         self.last_error: str | None = None
+        self.fatal: AgentEnvError | None = None
+        self._reported: dict[str, int] = {}
+
+    @property
+    def errors(self) -> int:
+        """Failed episodes so far (each attempt counts): the same as :attr:`episodes_failed`."""
+        return self.episodes_failed
+
+    @property
+    def group_size(self) -> int:
+        """``n``: rollouts per task."""
+        return self._group_size
 
     # -- tasks ----------------------------------------------------------------------------------
     def _next_task(self) -> Task:
@@ -101,9 +225,13 @@ class RolloutCollector:
         return task
 
     def requeue(self, traj: Trajectory) -> None:
-        """Put the task of ``traj`` (e.g. rejected as too stale) back in front of the queue."""
+        """Put the task of ``traj`` (e.g. rejected as too stale) back in the queue, to be played anew.
+
+        For groups, only the first member (``info["member"] == 0``) requeues, so a rejected group
+        (its members are rejected together) puts its task back once.
+        """
         seed = traj.info.get("seed")
-        if seed is not None:
+        if seed is not None and traj.info.get("member", 0) == 0:
             self._requeued.append(Task(int(seed)))
 
     @property
@@ -115,91 +243,266 @@ class RolloutCollector:
     def next_seed(self, value: int) -> None:
         self._next_seed = value
 
-    # -- episodes -------------------------------------------------------------------------------
-    async def _play(self, env: Env, task: Task) -> Trajectory:
-        self.episodes_started += 1
-        traj = await run_episode(
-            env, self._engine, self._renderer, self._cfg, seed=task.seed, version_fn=self._version_fn
-        )
-        traj.info["seed"] = task.seed
-        traj.info["attempt"] = task.attempt
-        if traj.status == "error":
-            self.failure_streak += 1
-            self.last_error = str(traj.info.get("error"))
-        else:
-            self.failure_streak = 0
-        return traj
+    def _next_job(self, max_groups: int | None = None) -> tuple[_Group, int] | None:
+        """The next (group, member) to play: a pending member of an open group, else a new group.
 
-    async def _deliver(self, traj: Trajectory) -> None:
-        self.episodes_finished += 1
-        if traj.status == "error":
-            self.errors += 1
-        result = self._on_trajectory(traj)
-        if asyncio.iscoroutine(result):
-            await result
+        ``max_groups`` limits the play to the oldest that many open groups (opening one only while
+        fewer are open); None means no limit.
+        """
+        groups = self._open if max_groups is None else self._open[:max_groups]
+        for group in groups:
+            if group.todo:
+                return group, group.todo.popleft()
+        if max_groups is not None and len(self._open) >= max_groups:
+            return None
+        task = self._next_task()
+        group = _Group(self._group_keys, task.seed, self._group_size)
+        self._group_keys += 1
+        self._open.append(group)
+        return group, group.todo.popleft()
 
-    async def _worker(self, env: Env) -> None:
-        while not self._stopping:
-            if not self._admit():
-                await asyncio.sleep(0.05)
-                continue
-            task = self._next_task()
-            traj = await self._play(env, task)
-            if traj.status == "error" and task.attempt < self._max_retries:
-                logger.warning("retrying task %s after: %s", task.seed, traj.info.get("error"))
-                self._requeued.appendleft(Task(task.seed, task.attempt + 1))
-                self.errors += 1
-                continue
-            await self._deliver(traj)
-
-    async def start(self) -> None:
-        """Start the workers (asynchronous mode). They run until :meth:`stop`."""
-        if self._workers:
+    # -- failures -------------------------------------------------------------------------------
+    def _bump_streak(self, reason: str) -> None:
+        if self.fatal is not None:
             return
-        self._stopping = False
+        self.failure_streak += 1
+        self.last_error = reason
+        if self.failure_streak >= self.failure_limit:
+            self.fatal = AgentEnvError(f"the last {self.failure_streak} episodes all failed; "
+                                       f"the latest with: {reason}")
+            logger.error("rollout collector stops: %s", self.fatal)
+
+    def _drop(self, group: _Group) -> None:
+        group.dropped = True
+        self.tasks_dropped += 1
+        self.episodes_discarded += sum(m is not None for m in group.members)
+        if group in self._open:
+            self._open.remove(group)
+
+    async def _replace_env(self, slot: int) -> None:
+        """Build a fresh environment for ``slot``, then close the old one (a close error is logged).
+
+        Raises:
+            Exception: Whatever ``env_factory`` raises (the old environment is kept then).
+        """
+        old = self._envs[slot]
+        self._envs[slot] = self._env_factory()
+        try:
+            await asyncio.wait_for(old.close(), _CLOSE_TIMEOUT_S)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            logger.warning("closing a failed episode's environment raised %s: %s", type(exc).__name__, exc)
+
+    # -- episodes -------------------------------------------------------------------------------
+    async def _episode(self, slot: int, group: _Group, m: int) -> list[Trajectory] | None:
+        """Play member ``m`` of ``group`` on environment ``slot``.
+
+        Returns the group's trajectories when this episode completed it, else None. Never raises but
+        :class:`asyncio.CancelledError` (then ``m`` is put back to be played again).
+        """
+        self.episodes_started += 1
+        try:
+            traj = await run_episode(self._envs[slot], self._engine, self._renderer, self._cfg,
+                                     seed=group.seed, version_fn=self._version_fn)
+        except asyncio.CancelledError:
+            if not group.dropped:
+                group.todo.appendleft(m)
+            raise
+        except Exception as exc:  # run_episode records failures itself; this guards against the rest
+            traj = Trajectory(status="error", info={"error": f"{type(exc).__name__}: {exc}"})
+        self.episodes_finished += 1
+        traj.info["seed"] = group.seed
+        traj.info["attempt"] = group.failures[m]
+        traj.info["group"] = group.key
+        traj.info["member"] = m
+        reason = failure_reason(traj)
+        if reason is None:
+            if self.fatal is None:
+                self.failure_streak = 0
+            if group.dropped:
+                self.episodes_discarded += 1
+                return None
+            group.members[m] = traj
+            if not group.complete:
+                return None
+            self._open.remove(group)
+            return [t for t in group.members if t is not None]
+        self.episodes_failed += 1
+        self._bump_streak(reason)
+        if not group.dropped:
+            group.failures[m] += 1
+            if group.failures[m] > self._max_retries:
+                logger.warning("dropping task %s after %d failed attempts; the last: %s",
+                               group.seed, group.failures[m], reason)
+                self._drop(group)
+            else:
+                logger.warning("replaying task %s (attempt %d) after: %s", group.seed, group.failures[m], reason)
+                self.episodes_retried += 1
+                group.todo.appendleft(m)
+        try:
+            await self._replace_env(slot)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self._bump_streak(f"building an environment: {type(exc).__name__}: {exc}")
+            logger.warning("rebuilding the environment raised %s: %s (keeping the old one)", type(exc).__name__, exc)
+        return None
+
+    async def _deliver(self, trajs: list[Trajectory]) -> None:
+        """Hand a complete group on, in one piece; an exception is logged and counted, not raised."""
+        async with self._deliver_lock:
+            try:
+                if self._on_group is not None:
+                    result = self._on_group(trajs)
+                    if asyncio.iscoroutine(result):
+                        await result
+                else:
+                    assert self._on_trajectory is not None
+                    for traj in trajs:
+                        result = self._on_trajectory(traj)
+                        if asyncio.iscoroutine(result):
+                            await result
+                self.episodes_delivered += len(trajs)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self.delivery_errors += 1
+                self.episodes_discarded += len(trajs)
+                reason = f"handing on trajectory {trajs[0].id} raised {type(exc).__name__}: {exc}"
+                logger.warning("%s (discarded; the collector goes on)", reason)
+                self._bump_streak(reason)
+
+    async def _worker(self, slot: int) -> None:
+        while not self._stopping and self.fatal is None:
+            if not self._admit():
+                await asyncio.sleep(_IDLE_S)
+                continue
+            job = self._next_job()
+            assert job is not None
+            done = await self._episode(slot, *job)
+            if done is not None:
+                await self._deliver(done)
+
+    def _spawn(self, slot: int) -> None:
+        task = asyncio.create_task(self._worker(slot))
+        task.add_done_callback(lambda t, slot=slot: self._worker_done(slot, t))
+        self._workers[slot] = task
+
+    def _worker_done(self, slot: int, task: asyncio.Task) -> None:
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is None or self._stopping:
+            return
+        reason = f"collector worker crashed: {type(exc).__name__}: {exc}"
+        logger.error("%s; restarting it", reason, exc_info=exc)
+        self._bump_streak(reason)
+        if self.fatal is not None:
+            return
+        self.worker_restarts += 1
+
+        async def restart() -> None:
+            await asyncio.sleep(_IDLE_S)
+            await self._worker(slot)
+
+        new = asyncio.get_running_loop().create_task(restart())
+        new.add_done_callback(lambda t, slot=slot: self._worker_done(slot, t))
+        self._workers[slot] = new
+
+    def _ensure_envs(self) -> None:
         if not self._envs:
             self._envs = [self._env_factory() for _ in range(self._concurrency)]
-        self._workers = [asyncio.create_task(self._worker(env)) for env in self._envs]
+
+    async def start(self) -> None:
+        """Start the workers (asynchronous mode). They run until :meth:`stop` or :attr:`fatal`."""
+        if any(w is not None and not w.done() for w in self._workers):
+            return
+        self._stopping = False
+        self._ensure_envs()
+        self._workers = [None] * self._concurrency
+        for slot in range(self._concurrency):
+            self._spawn(slot)
 
     async def stop(self) -> None:
-        """Stop the workers; in-flight episodes are cancelled and their tasks requeued."""
+        """Stop the workers; in-flight episodes are cancelled and will be played again (same group)."""
         self._stopping = True
-        for w in self._workers:
+        workers = [w for w in self._workers if w is not None]
+        for w in workers:
             w.cancel()
-        await asyncio.gather(*self._workers, return_exceptions=True)
+        await asyncio.gather(*workers, return_exceptions=True)
         self._workers = []
 
     async def collect(self, n: int) -> list[Trajectory]:
-        """Play exactly ``n`` episodes (``concurrency`` at a time) and return them (synchronous mode)."""
-        if not self._envs:
-            self._envs = [self._env_factory() for _ in range(self._concurrency)]
-        tasks = [self._next_task() for _ in range(n)]
-        free: asyncio.Queue[Env] = asyncio.Queue()
-        for env in self._envs:
-            free.put_nowait(env)
+        """Play until ``n`` good trajectories are ready and return them (synchronous mode).
 
-        async def one(task: Task) -> Trajectory:
-            env = await free.get()
-            try:
-                traj = await self._play(env, task)
-                while traj.status == "error" and task.attempt < self._max_retries:
-                    self.errors += 1
-                    task = Task(task.seed, task.attempt + 1)
-                    traj = await self._play(env, task)
-                return traj
-            finally:
-                free.put_nowait(env)
+        ``n / group_size`` whole groups, each contiguous, in the order their tasks were opened;
+        failed episodes are replayed or their tasks dropped and replaced by the next task, so the
+        result always has exactly ``n`` trajectories and none of them failed.
 
-        trajs = await asyncio.gather(*(one(t) for t in tasks))
-        for traj in trajs:
-            self.episodes_finished += 1
-            if traj.status == "error":
-                self.errors += 1
-        return list(trajs)
+        Raises:
+            ConfigError: ``n`` is not a positive multiple of ``group_size``.
+            AgentEnvError: :attr:`fatal`: ``failure_limit`` failures in a row (now or before).
+        """
+        g = self._group_size
+        if n < 1 or n % g:
+            raise ConfigError(f"collect needs a positive multiple of the group size {g}, got {n}")
+        if self.fatal is not None:
+            raise self.fatal
+        self._ensure_envs()
+        need = n // g
+        done: list[list[Trajectory]] = []
+        free = collections.deque(range(self._concurrency))
+        inflight: dict[asyncio.Future, int] = {}
+        try:
+            while len(done) < need:
+                if self.fatal is not None:
+                    raise self.fatal
+                while free:
+                    job = self._next_job(max_groups=need - len(done))
+                    if job is None:
+                        break
+                    slot = free.popleft()
+                    inflight[asyncio.ensure_future(self._episode(slot, *job))] = slot
+                if not inflight:  # cannot happen: an open group has a pending member or one in flight
+                    raise AgentEnvError("collector: nothing left to play")
+                finished, _ = await asyncio.wait(inflight, return_when=asyncio.FIRST_COMPLETED)
+                for fut in finished:
+                    free.append(inflight.pop(fut))
+                    group = fut.result()
+                    if group is not None:
+                        done.append(group)
+        finally:
+            for fut in inflight:
+                fut.cancel()
+            await asyncio.gather(*inflight, return_exceptions=True)
+        self.episodes_delivered += n
+        done.sort(key=lambda group: group[0].info["group"])  # the order the tasks were opened
+        return [t for group in done for t in group]
+
+    def report_counts(self) -> dict[str, int]:
+        """Failure counters for one metrics row: totals, and the change since the previous call.
+
+        Keys: ``failed``/``retried``/``dropped_tasks`` (since the previous call) and their
+        ``*_total``; ``discarded_total``, ``delivery_errors_total``, ``worker_restarts_total``,
+        ``failure_streak``. Call once per update.
+        """
+        totals = {"failed": self.episodes_failed, "retried": self.episodes_retried,
+                  "dropped_tasks": self.tasks_dropped}
+        row = {k: v - self._reported.get(k, 0) for k, v in totals.items()}
+        row.update({f"{k}_total": v for k, v in totals.items()})
+        row.update(discarded_total=self.episodes_discarded, delivery_errors_total=self.delivery_errors,
+                   worker_restarts_total=self.worker_restarts, failure_streak=self.failure_streak)
+        self._reported = totals
+        return row
 
     async def close(self) -> None:
-        """Stop the workers and close every environment."""
+        """Stop the workers and close every environment (a close that raises is logged)."""
         await self.stop()
         for env in self._envs:
-            await env.close()
+            try:
+                await env.close()
+            except Exception as exc:
+                logger.warning("closing an environment raised %s: %s", type(exc).__name__, exc)
         self._envs = []
+

@@ -22,6 +22,18 @@ Semantics of :meth:`TrajectoryPool.select_batch` (``B`` = batch size, ``N`` = oc
   ``drift_mode="token_share"`` uses ``w_i`` = the token share of segments older than the newest.
 * ``pace`` scoring with a zero budget scores only the batch (nothing to rank); its ``w``/``S_eff``
   are then not computed (``None`` in the log).
+
+Groups (GRPO): a pool built with ``group_size=n > 1`` holds whole groups of ``n`` rollouts of one task,
+added together by :meth:`TrajectoryPool.add_group` and kept contiguous (group ``g`` is rows
+``[g n, (g+1) n)``). Every policy acts on whole groups: a group is rejected or kept as a unit, and the
+batch is ``B / n`` whole groups (``B`` must be a multiple of ``n``). Per-row quantities (``GS``,
+``WS``, ``f`` and its percentile rank over all rows, ``w``, ``S_eff``) are computed as above; a group's
+score is that of its stalest member (the maximum ``S_eff``, or, under ``max_lag``, the maximum
+measured lag: a group is rejected when any member is over the cap). PACE counts its budget in
+groups: ``e`` is the row excess (equal to the group excess with ``N_target / n``), ``k = round(r G)``
+groups with ``G = N / n``, capped so that at least ``ceil(max(N_target, B) / n)`` groups remain. The
+decision record's ``budget`` and ``rejected_count`` are in rows (``k n``). With ``n = 1`` all of this
+is the per-trajectory behaviour above.
 """
 
 from __future__ import annotations
@@ -168,10 +180,19 @@ class TrajectoryPool:
 
     Args:
         config: The staleness policy and its hyper-parameters.
+        group_size: ``n``, rollouts per task that form one GRPO group (1: every trajectory is its own
+            group). With ``n > 1`` trajectories enter only through :meth:`add_group`.
+
+    Raises:
+        ConfigError: ``group_size`` is not an int >= 1.
     """
 
-    def __init__(self, config: StalenessConfig | None = None) -> None:
+    def __init__(self, config: StalenessConfig | None = None, *, group_size: int = 1) -> None:
+        if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
+            raise ConfigError(f"group_size must be an int >= 1, got {group_size!r}")
         self.config = config or StalenessConfig()
+        self.group_size = group_size
+        """``n``: rows per group (rollouts of one task), 1 without groups."""
         self._trajs: list[Trajectory] = []
         self._ids: set[str] = set()
         self._older: list[_Older] = []  # pace scoring mode only (else stays empty)
@@ -198,7 +219,36 @@ class TrajectoryPool:
         Raises:
             DataError: ``traj`` is not a :class:`Trajectory`, has no policy token, is already pooled,
                 has a segment past its token lists, or a segment version above its completion version.
+            ConfigError: The pool holds groups of ``group_size > 1`` (use :meth:`add_group`).
         """
+        if self.group_size != 1:
+            raise ConfigError(f"this pool holds groups of {self.group_size}; add them with add_group")
+        self.add_group([traj])
+
+    def add_group(self, trajs: Sequence[Trajectory]) -> None:
+        """Add one group: ``group_size`` completed rollouts of one task, kept together in this order.
+
+        All members are checked before any is added, so a bad group leaves the pool unchanged.
+
+        Raises:
+            DataError: Not exactly ``group_size`` trajectories, members of different tasks
+                (``task_id``), or a member that :meth:`add` would refuse (not a :class:`Trajectory`,
+                no policy token, already pooled or twice in the group, a segment past its token
+                lists, a segment version above its completion version).
+        """
+        trajs = list(trajs)
+        if len(trajs) != self.group_size:
+            raise DataError(f"a group has {self.group_size} trajectories, got {len(trajs)}")
+        for traj in trajs:
+            self._check(traj)
+        if len({t.id for t in trajs}) != len(trajs):
+            raise DataError("a trajectory appears twice in one group")
+        if len({t.task_id for t in trajs}) != 1:
+            raise DataError(f"a group's rollouts must play one task, got task ids {sorted({t.task_id for t in trajs})}")
+        for traj in trajs:
+            self._append(traj)
+
+    def _check(self, traj: Trajectory) -> None:
         if not isinstance(traj, Trajectory):
             raise DataError(f"pool.add expects a Trajectory, got {type(traj).__name__}")
         if traj.num_policy_tokens == 0:
@@ -210,6 +260,8 @@ class TrajectoryPool:
         if max(s.version for s in traj.segments) > traj.completion_version:
             raise DataError(f"trajectory {traj.id}: a segment's version is above completion_version "
                             f"{traj.completion_version}")
+
+    def _append(self, traj: Trajectory) -> None:
         n = len(self._trajs)
         if n == self._cols["seq"].shape[0]:
             self._cols = {k: np.concatenate([c, np.zeros_like(c)]) for k, c in self._cols.items()}
@@ -257,7 +309,7 @@ class TrajectoryPool:
         """Apply the staleness policy and take a batch (DESIGN.md, "Staleness, precisely").
 
         Args:
-            batch_size: B, trajectories per optimizer step (>= 1).
+            batch_size: B, trajectories per optimizer step (>= 1; a multiple of ``group_size``).
             current_version: ``v_now``, the learner's policy version now.
             drift_scorer: ``pace`` with ``drift_mode="scoring"``: returns the current learner's
                 ``(T_i,)`` policy-token log-probabilities for a list of trajectories. Called at most
@@ -269,17 +321,22 @@ class TrajectoryPool:
         for ``f`` and on every batch member's array returned in ``scores``.
 
         Returns:
-            The batch (``B`` oldest remaining, completion order, or empty), the rejected trajectories,
-            the decision record and, in scoring mode, the batch's scores.
+            The batch (``B`` oldest remaining, completion order, or empty; ``B / n`` whole groups,
+            each contiguous), the rejected trajectories (whole groups, members together), the decision
+            record and, in scoring mode, the batch's scores.
 
         Raises:
-            ConfigError: ``batch_size < 1``, or scoring mode without a ``drift_scorer``.
+            ConfigError: ``batch_size < 1`` or not a multiple of ``group_size``, or scoring mode
+                without a ``drift_scorer``.
             DataError: ``current_version`` is below a pooled completion version, or the scorer
                 returned the wrong number or shape of arrays or a non-finite or positive
                 log-probability; the pool is left unchanged.
         """
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ConfigError(f"batch_size must be an int >= 1, got {batch_size!r}")
+        g = self.group_size
+        if batch_size % g:
+            raise ConfigError(f"batch_size {batch_size} is not a whole number of groups of {g}")
         cfg = self.config
         scoring = cfg.policy == "pace" and cfg.drift_mode == "scoring"
         if scoring and drift_scorer is None:
@@ -305,25 +362,31 @@ class TrajectoryPool:
         scores: list[np.ndarray] | None = None
         new_rate = self.rate
 
+        n_groups = n // g
+
+        def rows_of(groups: np.ndarray) -> np.ndarray:  # group indices -> their rows, members together
+            return (groups[:, None] * g + np.arange(g)).reshape(-1).astype(np.int64)
+
         if cfg.policy == "max_lag":
             lag = ws + gs if cfg.max_lag_measure == "mean" else (current_version - c["v_min"]).astype(float)
             w, s_eff = np.ones(n), lag
-            reject = np.flatnonzero(lag > cfg.max_lag)
+            reject = rows_of(np.flatnonzero((lag > cfg.max_lag).reshape(n_groups, g).any(axis=1)))
         elif cfg.policy in ("none", "sync"):
             w, s_eff = np.ones(n), ws + gs
         elif n >= b:  # pace, enough candidates for a batch
             dec.excess = excess(n, target)
             new_rate = dec.rate = update_rate(self.rate, dec.excess, cfg.beta)
-            k = dec.budget = rejection_budget(new_rate, n, max(target, b))
+            k = rejection_budget(new_rate, n_groups, -(-max(target, b) // g))  # in groups
+            dec.budget = k * g
             if cfg.drift_mode == "token_share":
                 w = c["share"].copy()
                 s_eff = effective_staleness(ws, gs, w)
-                reject = highest_first(s_eff, k)
+                reject = rows_of(highest_first(s_eff.reshape(n_groups, g).max(axis=1), k))
             elif k > 0:
                 f = self._drift(np.arange(n), drift_scorer, current_version, score_all=False)
                 w = pace_weights(f, cfg.gamma)
                 s_eff = effective_staleness(ws, gs, w)
-                reject = highest_first(s_eff, k)
+                reject = rows_of(highest_first(s_eff.reshape(n_groups, g).max(axis=1), k))
 
         keep = np.ones(n, dtype=bool)
         keep[reject] = False
@@ -406,24 +469,33 @@ class TrajectoryPool:
 
     # -- checkpoints ------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """JSON-serialisable pool state: trajectories (oldest first), smoothed rate and step counter."""
-        return {"trajectories": [t.to_dict() for t in self._trajs], "rate": self.rate, "step": self._step}
+        """JSON-serialisable pool state: trajectories (oldest first), smoothed rate, step counter, group size."""
+        return {"trajectories": [t.to_dict() for t in self._trajs], "rate": self.rate, "step": self._step,
+                "group_size": self.group_size}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Replace the pool's contents with a :meth:`state_dict`.
 
+        A state without ``group_size`` (written before groups existed) has groups of 1.
+
         Raises:
-            DataError: The state is malformed (missing key, bad trajectory record); the pool is unchanged.
+            DataError: The state is malformed (missing key, bad trajectory record, a group size other
+                than this pool's, an incomplete group); the pool is unchanged.
         """
         try:
             trajs = [Trajectory.from_dict(d) for d in state["trajectories"]]
             rate, step = float(state["rate"]), int(state["step"])
-        except (KeyError, TypeError, ValueError) as e:
+            saved_group = int(state.get("group_size", 1))
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise DataError(f"bad pool state: {e}") from e
         if not 0.0 <= rate <= 1.0:
             raise DataError(f"bad pool state: rate {rate} outside [0, 1]")
-        fresh = TrajectoryPool(self.config)
-        for t in trajs:
-            fresh.add(t)
+        g = self.group_size
+        if saved_group != g or len(trajs) % g:
+            raise DataError(f"bad pool state: {len(trajs)} trajectories in groups of {saved_group}, "
+                            f"this pool holds groups of {g}")
+        fresh = TrajectoryPool(self.config, group_size=g)
+        for i in range(0, len(trajs), g):
+            fresh.add_group(trajs[i : i + g])
         self.__dict__.update(fresh.__dict__)
         self.rate, self._step = rate, step

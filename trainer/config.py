@@ -82,8 +82,17 @@ class RunConfig:
     """Updates between checkpoints (a final one is always written)."""
     seed: int = 0
     """Seeds torch, the task stream and the sampler."""
+    max_task_retries: int = 2
+    """An episode that failed for reasons outside the policy (engine, environment or template error,
+    no policy token) never enters a batch; its task is replayed up to this many times, then dropped
+    (counted as ``episodes/dropped_tasks``). GRPO: per group member; a dropped task drops its group.
+    Rollouts per task are not a field here: ``optim.grpo_group_size`` under ``optim.objective: grpo``,
+    else 1 (FlashREINFORCE: one rollout per prompt)."""
 
     def __post_init__(self) -> None:
+        if isinstance(self.max_task_retries, bool) or not isinstance(self.max_task_retries, int) \
+                or self.max_task_retries < 0:
+            raise ConfigError(f"run.max_task_retries must be an int >= 0, got {self.max_task_retries!r}")
         if self.mode not in ("async", "sync"):
             raise ConfigError(f"run.mode must be 'async' or 'sync', got {self.mode!r}")
         if self.updates < 1 or self.batch_size < 1 or self.concurrency < 1:
@@ -181,6 +190,13 @@ class TrainConfig:
                               "behaviour distribution to correct for); eval.temperature may be 0")
         if self.staleness.policy == "sync" and self.run.mode != "sync":
             raise ConfigError("staleness.policy 'sync' needs run.mode 'sync'")
+        if self.optim.objective == "grpo":  # a group baseline over mixed prompts is meaningless
+            # optim.grpo_group_size is the one source of rollouts per task (OptimConfig refuses n < 2)
+            n = self.optim.grpo_group_size
+            if self.run.batch_size % n:
+                raise ConfigError(f"optim.objective=grpo: run.batch_size ({self.run.batch_size}) must be a multiple "
+                                  f"of optim.grpo_group_size ({n}); a batch is whole groups of {n} rollouts "
+                                  "of one task")
         per_step = self.optim.micro_batch_size * self.learner.world_size
         if self.learner.backend != "single" and self.run.batch_size % per_step:
             raise ConfigError(f"run.batch_size ({self.run.batch_size}) must be a multiple of optim.micro_batch_size "

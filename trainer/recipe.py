@@ -58,7 +58,13 @@ logger = logging.getLogger("agentenv.train")
 
 
 def failure_limit(concurrency: int) -> int:
-    """Episodes in a row that may fail (retries included) before training stops with an error."""
+    """Failures in a row after which training stops with an error: ``max(16, 4 * concurrency)``.
+
+    Counted by the collector in completion order: failed episodes (retries included), errors handing
+    a trajectory to the pool, and crashed workers; a good episode resets the count. A broken
+    environment, sandbox or engine reaches it within a few hundred episodes; intermittent failures
+    (say 30%) practically never do (the rule and its numbers: :mod:`agentenv.collector`).
+    """
     return max(16, 4 * concurrency)
 
 
@@ -179,7 +185,8 @@ async def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False,
     learner = setup.build_learner(cfg, model)
     engine = BusyTrackingEngine(setup.build_engine(cfg, copy.deepcopy(model), tokenizer))
     env_factory = setup.env_factory(cfg)
-    pool = TrajectoryPool(cfg.staleness)
+    group_size = cfg.optim.grpo_group_size if cfg.optim.objective == "grpo" else 1  # rollouts per task
+    pool = TrajectoryPool(cfg.staleness, group_size=group_size)
     checkpoints = CheckpointManager(run_dir / "checkpoints")
     (run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
     metrics = MetricsWriter(run_dir)
@@ -189,11 +196,15 @@ async def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False,
         engine,
         renderer,
         cfg.rollout,
-        pool.add,
+        None,
+        on_group=pool.add_group,
         concurrency=cfg.run.concurrency,
         version_fn=lambda: learner.version,
         first_seed=cfg.run.seed * 1_000_003,
         admit=lambda: len(pool) < cfg.run.max_pool_size,
+        max_retries=cfg.run.max_task_retries,
+        group_size=group_size,
+        failure_limit=failure_limit(cfg.run.concurrency),
     )
     if resume and latest_checkpoint(checkpoints.root) is not None:
         extra = checkpoints.load_latest(learner)
@@ -229,9 +240,10 @@ async def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False,
             # 3. rollout (sync mode: generate exactly B, nothing overlaps with training)
             t_wait = time.time()
             rejected_now.clear()
-            if cfg.run.mode == "sync":
-                for traj in await collector.collect(cfg.run.batch_size):
-                    pool.add(traj)
+            if cfg.run.mode == "sync":  # B good trajectories: B / n whole groups (raises past the failure limit)
+                trajs = await collector.collect(cfg.run.batch_size)
+                for i in range(0, len(trajs), group_size):
+                    pool.add_group(trajs[i : i + group_size])
             selection = await next_batch(pool, learner, cfg, stop, on_decision, collector)
             decisions_log.flush()
             if selection is None:
@@ -309,11 +321,14 @@ async def next_batch(pool: TrajectoryPool, learner: Any, cfg: TrainConfig, stop:
     """Wait until the pool yields a full batch of B under the staleness policy (None when stopped).
 
     Every selection attempt is a logged decision: ``on_decision(selection)`` sees each one, also
-    the attempts that rejected trajectories but left too few for a batch.
+    the attempts that rejected trajectories but left too few for a batch. Failed episodes never
+    reach the pool (the collector replays or drops their tasks), so the wait ends either with a
+    batch or with the failure rule below; the collector's workers survive any episode's error.
 
     Raises:
-        AgentEnvError: :func:`failure_limit` episodes in a row failed (a broken environment, sandbox
-            or engine); the message carries the last episode's error.
+        AgentEnvError: :func:`failure_limit` failures in a row (``collector.failure_streak``; a
+            broken environment, sandbox or engine); the message carries the last error. Checked
+            every 50 ms, so an asynchronous run stops within that of the collector's limit.
     """
     scorer = learner.score if cfg.staleness.policy == "pace" and cfg.staleness.drift_mode == "scoring" else None
     while not stop.is_set():

@@ -182,7 +182,12 @@ def consumed_record(traj: Trajectory, version: int) -> dict[str, Any]:
 
 def update_metrics(version: int, selection: Any, stats: Any, pool: Any, collector: Any,
                    wait_s: float, update_s: float, t_start: float) -> dict[str, Any]:
-    """The metrics row of one update: objective stats, rewards, lengths, staleness, pool, timing."""
+    """The metrics row of one update: objective stats, rewards, lengths, staleness, pool, failures, timing.
+
+    ``episodes/failed``, ``episodes/retried`` and ``episodes/dropped_tasks`` count since the previous
+    row (:meth:`RolloutCollector.report_counts`, so call this once per update); ``episodes/errors``
+    and the ``*_total`` keys count from the start of this process.
+    """
     batch = selection.batch
     dec = selection.decision
     row: dict[str, Any] = {"update": version}
@@ -204,6 +209,8 @@ def update_metrics(version: int, selection: Any, stats: Any, pool: Any, collecto
     row["pool/after"] = len(pool)
     row["episodes/finished"] = collector.episodes_finished
     row["episodes/errors"] = collector.errors
+    # failed episodes never enter a batch: failed/retried/dropped_tasks this update, and *_total
+    row.update({f"episodes/{k}": v for k, v in collector.report_counts().items()})
     row["time/wait_s"] = wait_s
     row["time/update_s"] = update_s
     row["time/elapsed_s"] = time.time() - t_start

@@ -1,0 +1,135 @@
+"""Failed episodes in the real training loop: never in a batch, counted, and a broken env stops the run.
+
+``recipe.train()`` runs for real (RolloutCollector, TrajectoryPool, next_batch, the single-process
+Learner on a random 2-layer Llama); only the model side is scripted: the ScriptedEngine and
+CharRenderer of ``tests.fakes`` and small environments that fail on purpose. Each run takes a few
+seconds; every test is bounded by a timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+
+import pytest
+import torch
+
+from agentenv.errors import AgentEnvError
+from agentenv.trainer import recipe, setup
+from tests.fakes import CharRenderer, CountdownEnv, ScriptedEngine
+
+pytestmark = pytest.mark.timeout(120)
+
+OVERRIDES = ["warmup.steps=0", "eval.problems=0", "run.batch_size=4", "run.concurrency=4",
+             "run.max_pool_size=8", "run.checkpoint_every=100", "rollout.max_turns=1",
+             "rollout.max_new_tokens_per_turn=6", "rollout.max_total_tokens=16", "optim.micro_batch_size=4",
+             "staleness.drift_mode=token_share", "optim.delta=100.0"]  # the scripted log-probs are not the model's
+
+
+def tiny_lm() -> torch.nn.Module:
+    import transformers
+
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=1024, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                   num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128)
+    return transformers.LlamaForCausalLM(cfg).eval()
+
+
+class BrokenResetEnv(CountdownEnv):
+    """Every reset raises (a sandbox image that does not exist)."""
+
+    async def reset(self, *, seed=None, options=None):
+        raise RuntimeError("reset exploded: no such sandbox image")
+
+
+class FlakyEnv(CountdownEnv):
+    """Fails about 30% of its plays, reproducibly by (seed, play number), three ways in turn:
+    reset raises, a prompt longer than the engine's context (no policy token), step raises."""
+
+    plays: dict[int, int] = {}
+    failures = 0
+
+    async def reset(self, *, seed=None, options=None):
+        k = FlakyEnv.plays[seed] = FlakyEnv.plays.get(seed, 0) + 1
+        rng = random.Random(seed * 7919 + k)
+        self.mode = rng.randrange(3) if rng.random() < 0.3 else None
+        if self.mode is not None:
+            FlakyEnv.failures += 1
+        if self.mode == 0:
+            raise RuntimeError("flaky reset")
+        obs, info = await super().reset(seed=seed, options=options)
+        return (obs + "x" * 200 if self.mode == 1 else obs), info
+
+    async def step(self, action):
+        if self.mode == 2:
+            raise RuntimeError("flaky step")
+        return await super().step(action)
+
+
+@pytest.fixture
+def scripted(monkeypatch):
+    """Patch the recipe's model side; returns the list of batches the learner trained on."""
+    batches: list[list] = []
+    build_learner = setup.build_learner
+
+    def recording(cfg, model):
+        learner = build_learner(cfg, model)
+        update = learner.update
+
+        def recorded(trajectories, *, scores=None):
+            batches.append(list(trajectories))
+            return update(trajectories, scores=scores)
+
+        learner.update = recorded
+        return learner
+
+    monkeypatch.setattr(setup, "load_policy", lambda cfg, **_: (tiny_lm(), None, CharRenderer()))
+    monkeypatch.setattr(setup, "build_engine",
+                        lambda cfg, model, tok: ScriptedEngine(["done", "no", "no"], max_context_tokens=64))
+    monkeypatch.setattr(setup, "build_learner", recording)
+    FlakyEnv.plays, FlakyEnv.failures = {}, 0
+    return batches
+
+
+def _train(tmp_path, env, monkeypatch, *extra):
+    monkeypatch.setattr(setup, "env_factory", lambda cfg: env)
+    cfg, _ = recipe.parse_args(["--run-dir", str(tmp_path / "run"), *OVERRIDES, *extra])
+    run_dir = recipe.prepare_run_dir(cfg, resume=False, overwrite=False)
+    return asyncio.run(asyncio.wait_for(recipe.train(cfg, run_dir), 90)), run_dir
+
+
+@pytest.mark.parametrize("mode", ["async", "sync"])
+def test_a_broken_env_stops_the_run_with_its_error(tmp_path, monkeypatch, scripted, mode):
+    with pytest.raises(AgentEnvError, match=r"last 16 episodes all failed.*reset exploded: no such sandbox image"):
+        _train(tmp_path, BrokenResetEnv, monkeypatch, "--mode", mode, "--updates", "2")
+    assert scripted == []  # nothing was ever trained on
+
+
+@pytest.mark.parametrize("mode, policy", [("async", "pace"), ("sync", "sync")])
+def test_a_flaky_env_trains_on_good_episodes_only_and_counts_the_failures(tmp_path, monkeypatch, scripted, mode,
+                                                                         policy):
+    summary, run_dir = _train(tmp_path, FlakyEnv, monkeypatch, "--mode", mode, "--policy", policy,
+                              "--updates", "3")
+    assert summary["updates"] == 3 and not summary["interrupted"]
+    assert len(scripted) >= 3 and all(len(b) == 4 for b in scripted)  # a batch without gradient takes no step
+    assert all(t.status == "completed" and t.num_policy_tokens > 0 and "error" not in t.info
+               for b in scripted for t in b)
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == len(scripted) and rows[-1]["update"] == 3
+    assert FlakyEnv.failures > 0
+    last = rows[-1]
+    assert sum(r["episodes/failed"] for r in rows) == last["episodes/failed_total"] == last["episodes/errors"]
+    assert last["episodes/failed_total"] >= 1 and last["episodes/failed_total"] <= FlakyEnv.failures
+    assert last["episodes/retried_total"] + last["episodes/dropped_tasks_total"] >= 1
+    for key in ("episodes/retried", "episodes/dropped_tasks", "episodes/discarded_total"):
+        assert key in last
+
+
+def test_agentenv_train_exits_1_naming_the_error(tmp_path, monkeypatch, scripted, capsys):
+    monkeypatch.setattr(setup, "env_factory", lambda cfg: BrokenResetEnv)
+    monkeypatch.setattr(recipe, "check_model", lambda name: None)
+    rc = recipe.main(["--run-dir", str(tmp_path / "run"), *OVERRIDES, "--updates", "2"])
+    assert rc == 1
+    err = capsys.readouterr().err
+    assert "agentenv train: the last 16 episodes all failed; the latest with: RuntimeError: reset exploded" in err
