@@ -54,6 +54,8 @@ class RolloutConfig:
         temperature: Sampling temperature (the paper's default is 1); 0 decodes greedily, which is
             for evaluation only (training needs the sampled distribution's log-probabilities).
         top_p: Nucleus mass in (0, 1] (the paper's default is 1).
+        top_k: Keep only the k most likely tokens before top-p (k >= 1); None or 0 is off (the
+            default); a negative value raises ``ConfigError``.
     """
 
     max_turns: int = 4
@@ -61,6 +63,7 @@ class RolloutConfig:
     max_total_tokens: int = 1024
     temperature: float = 1.0
     top_p: float = 1.0
+    top_k: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_turns < 1:
@@ -71,6 +74,9 @@ class RolloutConfig:
             raise ConfigError(f"temperature must be a finite number >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
+        from agentenv.engines.sampling import check_top_k  # the engines' own rule for top_k
+
+        check_top_k(self.top_k)
 
 
 def _append_output(traj: Trajectory, out: GenerationOutput) -> None:
@@ -135,6 +141,7 @@ async def run_episode(
                 max_new_tokens=budget,
                 temperature=cfg.temperature,
                 top_p=cfg.top_p,
+                top_k=cfg.top_k,
                 stop_token_ids=tuple(renderer.stop_token_ids),
             )
             out = await engine.generate(traj.token_ids, params)

@@ -185,9 +185,13 @@ class TrainConfig:
     learner: LearnerConfig = field(default_factory=LearnerConfig)
 
     def __post_init__(self) -> None:
-        if self.rollout.temperature == 0:
+        if not self.rollout.temperature > 0:
             raise ConfigError("rollout.temperature must be > 0 for training (greedy decoding has no "
                               "behaviour distribution to correct for); eval.temperature may be 0")
+        from agentenv.engines.sampling import SamplingTransform
+
+        # The learner scores log pi under the rollout's processing; refuse now what it could not build.
+        SamplingTransform(self.rollout.temperature, self.rollout.top_p, self.rollout.top_k)
         if self.staleness.policy == "sync" and self.run.mode != "sync":
             raise ConfigError("staleness.policy 'sync' needs run.mode 'sync'")
         if self.optim.objective == "grpo":  # a group baseline over mixed prompts is meaningless

@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 import torch
-import torch.nn.functional as F
 
+from agentenv.engines.sampling import SamplingTransform, label_logprobs
 from agentenv.errors import ConfigError, DataError
 from agentenv.trainer.batching import PolicyBatch, build_batch, shard, split_micro_batches
 from agentenv.trainer.objectives import (
@@ -191,24 +191,37 @@ class UpdateStats:
 
 
 def token_logprobs(
-    model: torch.nn.Module, batch: PolicyBatch, *, with_entropy: bool = False
+    model: torch.nn.Module,
+    batch: PolicyBatch,
+    *,
+    with_entropy: bool = False,
+    sampling: SamplingTransform | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Current log pi(label) at every policy-token label position, and optionally the entropy.
+
+    pi is the policy *as the engine samples from it*: ``sampling`` (the rollout's temperature, top-k
+    and top-p) is applied to the logits exactly as the engine did for the behaviour log mu
+    (:func:`agentenv.engines.sampling.label_logprobs`), differentiable through the temperature and the
+    renormalisation, so the gate and the ratio compare the same distribution. None (the identity:
+    temperature 1, no truncation) is plain ``log_softmax``.
 
     When the model accepts ``logits_to_keep`` (transformers causal LMs), the vocabulary projection
     runs only at label positions where some row holds a policy token: with prompts and observations
     making most of a sequence, this skips most of the ``(b, t, V)`` logits, their log-softmax and
-    their gradient (memory and time both shrink by roughly the policy-token share of ``t``).
+    their gradient (memory and time both shrink by roughly the policy-token share of ``t``); the
+    top-k/top-p sort then also runs only at those ``k`` positions.
 
     Args:
         model: A causal LM returning ``.logits`` of shape ``(b, L, V)`` (or ``(b, k, V)`` when given
             ``logits_to_keep`` as a ``(k,)`` index tensor); a DeepSpeed engine wrapping one is fine.
         batch: The (micro-)batch.
-        with_entropy: Also return the full-vocabulary entropy (nats), computed without gradient.
+        with_entropy: Also return the entropy (nats) of the processed distribution (full vocabulary
+            under the identity), computed without gradient.
+        sampling: The behaviour transform; None is the identity.
 
     Returns:
-        ``(logprobs (b, t) float32, entropy (b, t) float32 or None)``. Values at positions without a
-        policy token are finite but meaningless (0 where the projection was skipped); the objectives
+        ``(logprobs (b, t) float32 nats, entropy (b, t) float32 or None)``. Values at positions without
+        a policy token are finite but meaningless (0 where the projection was skipped); the objectives
         mask them with ``loss_mask``.
     """
     b, t = batch.labels.shape
@@ -222,13 +235,7 @@ def token_logprobs(
         keep = None
         logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1].float()
         labels = batch.labels
-    k, v = logits.shape[1], logits.shape[2]
-    lp = -F.cross_entropy(logits.reshape(b * k, v), labels.reshape(b * k), reduction="none").view(b, k)
-    ent = None
-    if with_entropy:
-        with torch.no_grad():
-            logp = torch.log_softmax(logits.detach(), dim=-1)
-            ent = -(logp.exp() * logp).sum(-1)
+    lp, ent = label_logprobs(logits, labels, sampling, with_entropy=with_entropy)
     if keep is not None:
         lp = lp.new_zeros(b, t).index_copy(1, keep, lp)
         ent = None if ent is None else ent.new_zeros(b, t).index_copy(1, keep, ent)
@@ -270,6 +277,9 @@ class Learner:
         config: :class:`OptimConfig`.
         pad_token_id: Pad id for batching (the tokenizer's pad id; never scored).
         version: Starting policy version (a resumed run passes the checkpoint's).
+        sampling: The rollout's behaviour transform (temperature, top-p, top-k): log pi is scored under
+            it for training and for :meth:`score` alike. None: the identity (temperature 1, no
+            truncation), right only when the rollouts sample that way.
 
     Attributes:
         version: Policy version = optimizer steps taken (including those before a resume).
@@ -277,10 +287,17 @@ class Learner:
     """
 
     def __init__(
-        self, model: torch.nn.Module, config: OptimConfig, *, pad_token_id: int = 0, version: int = 0
+        self,
+        model: torch.nn.Module,
+        config: OptimConfig,
+        *,
+        pad_token_id: int = 0,
+        version: int = 0,
+        sampling: SamplingTransform | None = None,
     ) -> None:
         self.model = model
         self.config = config
+        self.sampling = sampling if sampling is not None else SamplingTransform()
         self.pad_token_id = pad_token_id
         self.version = version
         if config.gradient_checkpointing:
@@ -303,7 +320,7 @@ class Learner:
 
     @torch.no_grad()
     def score(self, trajectories: Sequence[Trajectory]) -> list[torch.Tensor]:
-        """Current log pi(a_t) of each trajectory's policy tokens, without gradient.
+        """Current log pi(a_t) of each trajectory's policy tokens (nats, under ``sampling``), without gradient.
 
         Used by PACE's prefix drift and as the gate's ``q`` (pass the result to :meth:`update`).
         The result is valid while ``version`` is unchanged; callers may cache it per version.
@@ -323,7 +340,7 @@ class Learner:
             batch = build_batch(trajectories, self.pad_token_id)
             for mb in split_micro_batches(batch, self.config.micro_batch_size):
                 mb = mb.to(self.device)
-                lp, _ = token_logprobs(self.model, mb)
+                lp, _ = token_logprobs(self.model, mb, sampling=self.sampling)
                 for i, (tid, k) in enumerate(zip(mb.ids, mb.source_index, strict=True)):
                     row = lp[i][mb.loss_mask[i]].float().cpu()
                     if not torch.isfinite(row).all():
@@ -380,7 +397,7 @@ class Learner:
                 stats = stats + _skipped_stats(mb, adm)
                 continue
             mb = mb.to(self.device)
-            lp, ent = token_logprobs(self.model, mb, with_entropy=filt is not None)
+            lp, ent = token_logprobs(self.model, mb, with_entropy=filt is not None, sampling=self.sampling)
             if cfg.objective == "grpo":
                 out = grpo_loss(
                     lp, mb.behaviour_logprobs, mb.loss_mask, mb.advantages, mb.lengths, batch.global_tokens,

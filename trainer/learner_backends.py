@@ -29,10 +29,11 @@ from typing import Any
 
 import torch
 
+from agentenv.engines.sampling import SamplingTransform
 from agentenv.errors import ConfigError
 from agentenv.trainer.config import TrainConfig
 
-__all__ = ["build_learner", "backend_config"]
+__all__ = ["build_learner", "backend_config", "sampling_transform"]
 
 logger = logging.getLogger(__name__)
 
@@ -51,11 +52,25 @@ def backend_config(cfg: TrainConfig) -> Any:
     )
 
 
+def sampling_transform(cfg: TrainConfig) -> SamplingTransform:
+    """The behaviour transform of the run's rollouts (``rollout.temperature``, ``top_p``, ``top_k``).
+
+    Every learner backend scores log pi under it, the processing the engine applied to log mu.
+
+    Raises:
+        ConfigError: a setting the transform refuses (temperature <= 0, top_p outside (0, 1], negative
+            top_k); :class:`TrainConfig` already refuses these when it is built.
+    """
+    r = cfg.rollout
+    return SamplingTransform(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k)
+
+
 def build_learner(cfg: TrainConfig, model: torch.nn.Module, *, warmed_up: bool = False) -> Any:
     """The learner ``cfg.learner`` names, on ``model`` (policy version 0).
 
     Args:
-        cfg: The run's config (``learner``, ``optim``, ``run.batch_size``, ``model``).
+        cfg: The run's config (``learner``, ``optim``, ``run.batch_size``, ``model``; ``rollout``'s
+            temperature, top_p and top_k become the learner's :class:`SamplingTransform`).
         model: The loaded policy. ``single`` trains it in place, ``openrlhf`` a copy; ``ray`` actors load
             their own copy (by ``model.name``, on their GPU) and, when ``warmed_up``, receive this
             model's weights instead (the warm-up exists only in this process).
@@ -68,13 +83,15 @@ def build_learner(cfg: TrainConfig, model: torch.nn.Module, *, warmed_up: bool =
     if backend == "single":
         from agentenv.trainer.learner import Learner
 
-        return Learner(model, cfg.optim)
+        return Learner(model, cfg.optim, sampling=sampling_transform(cfg))
     if backend == "openrlhf":
         from agentenv.trainer.openrlhf_backend import OpenRLHFLearner
 
         # DeepSpeed takes over (and may cast or partition) the module it is given: hand it its own
         # copy, so ``model`` stays a plain module the caller can copy for the generation engine.
-        return OpenRLHFLearner(copy.deepcopy(model), cfg.optim, backend_config(cfg))
+        return OpenRLHFLearner(
+            copy.deepcopy(model), cfg.optim, backend_config(cfg), sampling=sampling_transform(cfg)
+        )
     return _ray_group(cfg, model, warmed_up=warmed_up)
 
 
@@ -105,6 +122,7 @@ def _ray_group(cfg: TrainConfig, model: torch.nn.Module, *, warmed_up: bool) -> 
         factory, cfg.optim, backend_config(cfg), world_size=cfg.learner.world_size,
         num_gpus_per_actor=cfg.learner.num_gpus_per_actor,
         master_addr="127.0.0.1" if cfg.learner.ray_address is None else None,
+        sampling=sampling_transform(cfg),
     )
 
 

@@ -59,6 +59,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from agentenv.engines.sampling import SamplingTransform
 from agentenv.errors import ConfigError, DataError
 from agentenv.trainer.batching import PolicyBatch, build_batch, shard, split_micro_batches
 from agentenv.trainer.learner import (
@@ -246,6 +247,8 @@ class OpenRLHFLearner:
         pad_token_id: Pad id for batching.
         version: Starting policy version.
         strategy: A strategy from :func:`make_strategy` (built when None).
+        sampling: The rollout's behaviour transform; log pi is scored under it (training and
+            :meth:`score`), as in :class:`agentenv.trainer.learner.Learner`. None: the identity.
 
     Raises:
         ConfigError: OpenRLHF/DeepSpeed missing or an inconsistent configuration.
@@ -260,8 +263,10 @@ class OpenRLHFLearner:
         pad_token_id: int = 0,
         version: int = 0,
         strategy: Any = None,
+        sampling: SamplingTransform | None = None,
     ) -> None:
         self.config = optim
+        self.sampling = sampling if sampling is not None else SamplingTransform()
         self.backend = backend if backend is not None else OpenRLHFBackendConfig()
         self.pad_token_id = pad_token_id
         self.version = version
@@ -316,7 +321,7 @@ class OpenRLHFLearner:
             try:
                 with torch.no_grad():
                     for mb in split_micro_batches(mine, self.config.micro_batch_size):
-                        lp, _ = token_logprobs(self.engine, mb.to(self.device))
+                        lp, _ = token_logprobs(self.engine, mb.to(self.device), sampling=self.sampling)
                         for i, tid in enumerate(mb.ids):
                             rows[tid] = lp[i][mb.loss_mask[i].to(lp.device)].float().cpu()
             finally:
@@ -401,7 +406,7 @@ class OpenRLHFLearner:
         for step in range(self.gas):
             if step < len(micro):
                 mb = micro[step].to(self.device)
-                lp, ent = token_logprobs(self.engine, mb, with_entropy=filt is not None)
+                lp, ent = token_logprobs(self.engine, mb, with_entropy=filt is not None, sampling=self.sampling)
                 if cfg.objective == "grpo":
                     out = grpo_loss(
                         lp,
@@ -435,7 +440,7 @@ class OpenRLHFLearner:
                     )
                 loss, stats = out.loss, stats + out.stats
             else:  # padding micro-step: zero gradient, keeps every rank's DeepSpeed micro-step count at gas
-                lp, _ = token_logprobs(self.engine, batch.select([0]).to(self.device))
+                lp, _ = token_logprobs(self.engine, batch.select([0]).to(self.device), sampling=self.sampling)
                 loss = lp.sum() * 0.0
             self.strategy.backward(loss * scale, self.engine, self.optimizer)
             if step == self.gas - 1 and self.backend.zero_stage == 0:
@@ -651,6 +656,7 @@ class RayLearnerGroup:
         num_gpus_per_actor: GPUs per actor (1 on GPU machines; 0 runs the gloo CPU path, as the test does).
         master_addr: Rendezvous address of rank 0; None takes Ray's node address (OpenRLHF's choice,
             needed across nodes); pass ``"127.0.0.1"`` on a single machine.
+        sampling: The rollout's behaviour transform, handed to every actor's learner (None: identity).
     """
 
     def __init__(
@@ -661,6 +667,7 @@ class RayLearnerGroup:
         world_size: int,
         num_gpus_per_actor: float = 1.0,
         master_addr: str | None = None,
+        sampling: SamplingTransform | None = None,
     ) -> None:
         import ray
 
@@ -668,7 +675,7 @@ class RayLearnerGroup:
         first = actor_cls.remote(world_size, 0, master_addr, None)
         addr, port = ray.get(first.get_master_addr_port.remote())
         self.actors = [first] + [actor_cls.remote(world_size, r, addr, port) for r in range(1, world_size)]
-        ray.get([a.init_learner.remote(model_factory, optim, backend) for a in self.actors])
+        ray.get([a.init_learner.remote(model_factory, optim, backend, sampling) for a in self.actors])
         self._version = 0
 
     def _all(self, method: str, *args: Any, **kwargs: Any) -> Any:
@@ -756,9 +763,13 @@ class _LearnerActor:
         return self._master_addr, self._master_port  # type: ignore[attr-defined]
 
     def init_learner(
-        self, model_factory: Callable[[], nn.Module], optim: OptimConfig, backend: OpenRLHFBackendConfig
+        self,
+        model_factory: Callable[[], nn.Module],
+        optim: OptimConfig,
+        backend: OpenRLHFBackendConfig,
+        sampling: SamplingTransform | None = None,
     ) -> None:
-        self.learner = OpenRLHFLearner(model_factory(), optim, backend)
+        self.learner = OpenRLHFLearner(model_factory(), optim, backend, sampling=sampling)
 
     def update(self, trajectories: list[Trajectory], scores: list[torch.Tensor] | None = None) -> UpdateStats:
         return self.learner.update(trajectories, scores=scores)

@@ -36,8 +36,10 @@ class SamplingParams:
     Attributes:
         max_new_tokens: Budget of sampled tokens for this request (tokens).
         temperature: Softmax temperature; the behaviour log-probabilities are those of the processed
-            (temperature-scaled, top-p-truncated) distribution actually sampled from.
+            (temperature-scaled, top-k- and top-p-truncated) distribution actually sampled from.
         top_p: Nucleus mass in (0, 1].
+        top_k: Keep only the k most likely tokens (vLLM's rule, ties at the k-th logit kept) before
+            top-p; None or 0 is off, negative is refused (``ConfigError``) by the engines.
         stop_token_ids: Sampling stops after any of these (the chat template's end of turn); the stop
             token is included in the output.
         seed: Per-request seed; None draws from the engine's generator.
@@ -46,6 +48,7 @@ class SamplingParams:
     max_new_tokens: int = 512
     temperature: float = 1.0
     top_p: float = 1.0
+    top_k: int | None = None
     stop_token_ids: tuple[int, ...] = ()
     seed: int | None = None
 

@@ -341,7 +341,8 @@ class TransformersEngine:
         """Sample one token per row, record it, resolve finished rows; return per-row done flags."""
         temp = torch.tensor([r.params.temperature for r in rows])
         top_p = torch.tensor([r.params.top_p for r in rows])
-        lp = processed_logprobs(logits, temp, top_p)
+        top_k = torch.tensor([r.params.top_k or 0 for r in rows], dtype=torch.int64)
+        lp = processed_logprobs(logits, temp, top_p, top_k)
         gens = [r.generator or self._generator for r in rows]
         toks, lps = sample(lp, [r.params.temperature == 0 for r in rows], gens)
         done = []

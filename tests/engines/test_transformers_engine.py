@@ -236,3 +236,22 @@ async def test_cancelled_request_leaves_the_others_alone():
     out = await engine.generate(PROMPTS[1], SamplingParams(max_new_tokens=4, seed=1))
     assert len(out.token_ids) == 4
     await engine.close()
+
+
+async def test_top_k_logprobs_are_the_processed_ones(refs):
+    from agentenv.engines.sampling import processed_logprobs
+
+    engine = TransformersEngine(tiny_random_model(seed=0))
+    prompt = PROMPTS[2]
+    out = await engine.generate(prompt, SamplingParams(max_new_tokens=16, temperature=0.8, top_k=3, seed=4))
+    with torch.no_grad():
+        logits = refs[0](torch.tensor([prompt + out.token_ids])).logits[0, len(prompt) - 1 : -1]
+    n = logits.shape[0]
+    ref = processed_logprobs(logits, torch.full((n,), 0.8), torch.ones(n), torch.full((n,), 3))
+    got = torch.tensor(out.logprobs)
+    torch.testing.assert_close(got, ref.gather(1, torch.tensor(out.token_ids)[:, None])[:, 0], atol=1e-4, rtol=0)
+    top3 = logits.topk(3, dim=-1).indices
+    assert all(t in top3[i].tolist() for i, t in enumerate(out.token_ids))  # only the 3 most likely
+    with pytest.raises(ConfigError, match="top_k"):
+        await engine.generate(prompt, SamplingParams(max_new_tokens=2, top_k=-2))
+    await engine.close()
