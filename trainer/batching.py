@@ -40,6 +40,9 @@ class PolicyBatch:
         rewards: ``(b,)`` float32 episode returns.
         lengths: ``(b,)`` long, T_i = policy tokens of each row (the per-row denominator).
         advantages: ``(b,)`` float32, filled by the learner over the *global* batch (zeros until then).
+        gate_d: ``(b,)`` float32, FlashREINFORCE's gate statistic D_i (nats) when the gate was decided
+            from a scoring pass before the training forward (zeros until then; see
+            :func:`agentenv.trainer.learner.prepare_batch`).
         ids: The trajectories' ids, row order.
         global_batch_size: B, rows in the whole fresh batch (kept by every split).
         global_tokens: N, policy tokens in the whole fresh batch (kept by every split).
@@ -56,6 +59,7 @@ class PolicyBatch:
     rewards: torch.Tensor
     lengths: torch.Tensor
     advantages: torch.Tensor
+    gate_d: torch.Tensor
     ids: tuple[str, ...]
     global_batch_size: int
     global_tokens: int
@@ -106,6 +110,7 @@ _ROW_TENSORS = (
     "rewards",
     "lengths",
     "advantages",
+    "gate_d",
 )
 
 
@@ -172,6 +177,7 @@ def build_batch(trajectories: Sequence[Trajectory], pad_token_id: int = 0) -> Po
         rewards=torch.tensor([float(tr.reward) for tr in kept], dtype=torch.float32),
         lengths=lengths,
         advantages=torch.zeros(b, dtype=torch.float32),
+        gate_d=torch.zeros(b, dtype=torch.float32),
         ids=tuple(tr.id for tr in kept),
         global_batch_size=b,
         global_tokens=int(lengths.sum()),

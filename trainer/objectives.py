@@ -44,6 +44,7 @@ __all__ = [
     "flash_reinforce_loss",
     "group_advantages",
     "grpo_loss",
+    "masked_batch_mean_advantages",
 ]
 
 #: Probability clamp used by the gate only (DESIGN.md): p, q in [PROB_EPS, 1 - PROB_EPS].
@@ -253,6 +254,35 @@ def batch_mean_advantages(rewards: torch.Tensor) -> torch.Tensor:
     return r - r.mean()
 
 
+def masked_batch_mean_advantages(rewards: torch.Tensor, included: torch.Tensor) -> torch.Tensor:
+    """``A_i = R_i - mean_{j included} R_j`` for included rows, 0 for the others (no std division).
+
+    The batch-mean baseline of :func:`batch_mean_advantages` over a subset: rows left out (e.g.
+    trajectories cut by a token budget under DAPO-style overlong filtering) neither shape the
+    baseline nor receive an advantage. With every row included it equals :func:`batch_mean_advantages`.
+
+    Args:
+        rewards: ``(B,)`` episode returns.
+        included: ``(B,)`` bool, rows that take part.
+
+    Returns:
+        ``(B,)`` advantages, float32 at least (all 0 when no row is included).
+
+    Raises:
+        DataError: empty batch, a non-finite reward, or ``included`` of another length.
+    """
+    r = _as_float(rewards.reshape(-1))
+    keep = included.reshape(-1).to(device=r.device, dtype=torch.bool)
+    if keep.numel() != r.numel():
+        raise DataError(f"included has {keep.numel()} rows for {r.numel()} rewards")
+    if not bool(keep.any()):
+        if r.numel() == 0:
+            raise DataError("cannot compute advantages of an empty batch")
+        return torch.zeros_like(r)
+    adv = batch_mean_advantages(r[keep])
+    return torch.zeros_like(r).masked_scatter(keep, adv)
+
+
 def group_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-6) -> torch.Tensor:
     """GRPO group-normalised advantages ``(r - mean_g) / (std_g + eps)`` (arXiv 2402.03300, sec. 4.1.2).
 
@@ -379,6 +409,7 @@ def flash_reinforce_loss(
     *,
     delta: float = 1e-3,
     admitted: torch.Tensor | None = None,
+    gate_d: torch.Tensor | None = None,
     entropies: torch.Tensor | None = None,
     entropy_keep_fraction: float | None = None,
     failed: torch.Tensor | None = None,
@@ -407,6 +438,9 @@ def flash_reinforce_loss(
         delta: Gate threshold (nats), >= 0.
         admitted: ``(b,)`` bool precomputed gate decision (e.g. from a scoring pass); None computes
             it here from ``logprobs`` (detached).
+        gate_d: ``(b,)`` the D_i (nats) behind a precomputed ``admitted``, reported in the stats
+            (``d_sum``); ignored when ``admitted`` is None. Without it a precomputed decision reports
+            D = 0.
         entropies: ``(b, t)`` per-token policy entropy (nats), needed only by the entropy filter.
         entropy_keep_fraction: ``q`` in [0, 1], or None for no filter.
         failed: ``(b,)`` bool, rows the entropy filter applies to; default ``advantages < 0``.
@@ -437,6 +471,10 @@ def flash_reinforce_loss(
         if admitted.numel() != mask.shape[0]:
             raise DataError(f"admitted has {admitted.numel()} rows, expected {mask.shape[0]}")
         d = torch.zeros(mask.shape[0], dtype=dtype, device=lq.device)
+        if gate_d is not None:
+            d = gate_d.to(device=lq.device, dtype=dtype).reshape(-1)
+            if d.numel() != mask.shape[0]:
+                raise DataError(f"gate_d has {d.numel()} rows, expected {mask.shape[0]}")
 
     log_ratio = (lq.detach() - lp).clamp(-RHO_LOG_CLAMP, RHO_LOG_CLAMP)
     rho = torch.where(mask, log_ratio.exp(), zero)

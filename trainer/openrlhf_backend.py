@@ -434,6 +434,7 @@ class OpenRLHFLearner:
                         batch.global_batch_size,
                         delta=cfg.delta,
                         admitted=adm,
+                        gate_d=mb.gate_d,
                         entropies=ent,
                         entropy_keep_fraction=filt,
                         row_ids=mb.ids,
