@@ -74,9 +74,15 @@ class Env(abc.ABC, Generic[ObsT, ActT]):
         tools: JSON schemas (OpenAI/Hermes function format) advertised to the model through the chat
             template; empty for environments without tools.
         system_prompt: Optional system message placed before the first observation.
+        cut_turn: What the rollout loop does with a reply cut by the per-turn token budget before its
+            end-of-turn token: ``"end"`` ends the episode without stepping (the cut text is never
+            graded as a final answer; the episode keeps the reward it has); ``"act"`` closes the turn
+            and passes the cut text to ``step`` as the action, and the episode goes on (a game is
+            played out). The default ``"end"`` suits graded answers; games choose ``"act"``.
     """
 
     observation_role: ClassVar[str] = "user"
+    cut_turn: ClassVar[str] = "end"
     tools: Sequence[Mapping[str, Any]] = ()
     system_prompt: str | None = None
     observation_space: spaces.Space = text_space()

@@ -79,6 +79,40 @@ class RolloutConfig:
         check_top_k(self.top_k)
 
 
+#: Turn endings that are token-budget cuts: the reply stopped before its end-of-turn token.
+TOKEN_BUDGET_ENDINGS = frozenset({"max_new_tokens_per_turn", "max_total_tokens", "context"})
+
+
+def turn_ending(out: GenerationOutput, stop_token_ids: tuple[int, ...], *, budget: int, per_turn: int,
+                context_left: int) -> str:
+    """Why one assistant turn ended.
+
+    Args:
+        out: The engine's output for the turn.
+        stop_token_ids: The renderer's end-of-turn ids.
+        budget: Tokens the turn was allowed (tokens): the smallest of the three budgets below.
+        per_turn: ``max_new_tokens_per_turn`` (tokens).
+        context_left: Room left in the model's context when the turn started (tokens).
+
+    Returns:
+        ``"end_of_turn"`` (the reply sampled its end-of-turn token), ``"stop"`` (the engine stopped
+        it otherwise), or the budget that cut it: ``"context"``, ``"max_new_tokens_per_turn"`` or
+        ``"max_total_tokens"`` (see :data:`TOKEN_BUDGET_ENDINGS`).
+    """
+    if out.token_ids and out.token_ids[-1] in stop_token_ids:
+        return "end_of_turn"
+    if out.finish_reason == "stop":
+        return "stop"
+    if out.truncated_context or budget >= context_left:
+        return "context"
+    return "max_new_tokens_per_turn" if budget >= per_turn else "max_total_tokens"
+
+
+def is_token_budget_cut(traj: Trajectory) -> bool:
+    """Whether a token budget (per turn, total or context) ended ``traj`` (see ``info["truncation"]``)."""
+    return traj.info.get("truncation") in TOKEN_BUDGET_ENDINGS
+
+
 def _append_output(traj: Trajectory, out: GenerationOutput) -> None:
     """Append an engine output to ``traj``, one segment piece per version span."""
     if not out.spans:
@@ -117,12 +151,18 @@ async def run_episode(
     Returns:
         The trajectory. ``status`` is ``"error"`` (with ``info["error"]``) when the environment or
         the engine raised; ``info["truncation"]`` names the budget that cut the episode, if any;
-        ``info["turns"]`` counts assistant turns. This function does not raise for those.
+        ``info["turns"]`` counts assistant turns and ``info["turn_endings"]`` says how each turn
+        ended (:func:`turn_ending`). A turn cut by a token budget is handed to the environment only
+        when ``env.cut_turn == "act"`` (:class:`agentenv.core.Env`). This function does not raise
+        for those.
     """
     current_version = version_fn or (lambda: engine.version)
     traj = Trajectory(start_version=current_version(), start_time=time.time())
-    info: dict[str, Any] = {"turns": 0, "truncation": None}
+    info: dict[str, Any] = {"turns": 0, "truncation": None, "turn_endings": []}
+    cut_turn = getattr(env, "cut_turn", "end")
     try:
+        if cut_turn not in ("end", "act"):
+            raise ConfigError(f"{type(env).__name__}.cut_turn must be 'end' or 'act', got {cut_turn!r}")
         obs, reset_info = await env.reset(seed=seed, options=options)
         info.update(reset_info)
         traj.task_id = str(reset_info.get("task_id", seed))
@@ -147,6 +187,13 @@ async def run_episode(
             out = await engine.generate(traj.token_ids, params)
             _append_output(traj, out)
             info["turns"] += 1
+            ending = turn_ending(out, renderer.stop_token_ids, budget=budget, per_turn=cfg.max_new_tokens_per_turn,
+                                 context_left=context_left)
+            info["turn_endings"].append(ending)
+            cut = ending in TOKEN_BUDGET_ENDINGS
+            if cut and cut_turn == "end":
+                info["truncation"] = ending  # never graded: the episode keeps the reward it has
+                break
             reply = renderer.decode(out.token_ids)
             result = await env.step(reply)
             traj.reward += float(result.reward)
@@ -154,20 +201,19 @@ async def run_episode(
             if result.terminated or result.truncated:
                 if result.truncated:
                     info["truncation"] = "env"
+                if cut:
+                    info["truncation"] = ending
                 break
-            if out.truncated_context:
-                info["truncation"] = "context"
+            if cut and ending != "max_new_tokens_per_turn":
+                info["truncation"] = ending  # no token budget left for another turn
                 break
             if info["turns"] >= cfg.max_turns:
                 info["truncation"] = "max_turns"
                 break
-            closing = [] if out.token_ids and out.token_ids[-1] in renderer.stop_token_ids else None
-            if closing is None:
-                # The turn was cut by the per-turn budget before its end-of-turn token: the
-                # template's delta assumes a closed turn, so the episode ends here.
-                info["truncation"] = "max_new_tokens_per_turn"
-                break
-            obs_ids = renderer.observation_tokens(env.observation_role, result.observation)
+            # A cut turn ("act") is closed with the end-of-turn token, as an environment token: the
+            # policy did not sample it, and the template's delta assumes a closed turn.
+            closing = [getattr(renderer, "end_of_turn_id", renderer.stop_token_ids[0])] if cut else []
+            obs_ids = closing + renderer.observation_tokens(env.observation_role, result.observation)
             if len(traj.token_ids) + len(obs_ids) >= engine.max_context_tokens:
                 info["truncation"] = "context"
                 break

@@ -89,6 +89,7 @@ class AlfWorldEnv(Env[str, str]):
     """
 
     system_prompt = SYSTEM_PROMPT
+    cut_turn = "act"  # a reply cut by the token budget is still tried as a command: games are played out
 
     def __init__(
         self,
