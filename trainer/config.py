@@ -66,10 +66,21 @@ class ModelConfig:
 class RunConfig:
     """The loop: how many updates, how much overlap, where results go."""
 
+    @property
+    def batch_limit(self) -> int:
+        """``max_batches``, or 4 x ``updates`` when it is None (batches)."""
+        return self.max_batches if self.max_batches is not None else 4 * self.updates
+
     run_dir: str = "runs/python_tool_cpu"
     """Folder for config, metrics, TensorBoard events, checkpoints and plots."""
     updates: int = 20
-    """Optimizer steps (= policy versions) to train for."""
+    """Optimizer steps (= policy versions) to train for. A batch that carries no gradient (every
+    reward equal, or every row rejected by the gate) takes no step and does not count (see
+    ``max_batches``)."""
+    max_batches: int | None = None
+    """Most batches the loop consumes, stepped or not; None: 4 x ``updates``. A policy that never
+    succeeds (or always succeeds) yields only batches without gradient; the run then ends here with a
+    warning instead of waiting for an update that cannot come."""
     batch_size: int = 8
     """B: trajectories per update (one rollout per prompt)."""
     mode: str = "async"
@@ -97,6 +108,8 @@ class RunConfig:
             raise ConfigError(f"run.mode must be 'async' or 'sync', got {self.mode!r}")
         if self.updates < 1 or self.batch_size < 1 or self.concurrency < 1:
             raise ConfigError("run.updates, run.batch_size and run.concurrency must be >= 1")
+        if self.max_batches is not None and self.max_batches < 1:
+            raise ConfigError(f"run.max_batches must be >= 1 or null, got {self.max_batches}")
         if self.max_pool_size < self.batch_size:
             raise ConfigError(f"run.max_pool_size ({self.max_pool_size}) must be >= run.batch_size ({self.batch_size})")
 

@@ -38,6 +38,10 @@ class HeldOutReport:
         turns_mean: Assistant turns per episode.
         errors: Episodes that ended with an engine or environment error (counted as failures).
         seconds: Wall-clock time of the evaluation (seconds).
+        task_ids: ``(tasks,)`` the held-out tasks' ids, in order.
+        outcomes: ``(tasks,)`` each task's success rate over its samples (1.0/0.0 with one sample), in
+            ``task_ids`` order: two reports of the same run pair up task by task
+            (:func:`agentenv.trainer.significance.paired_bootstrap`).
     """
 
     label: str
@@ -49,6 +53,8 @@ class HeldOutReport:
     turns_mean: float
     errors: int
     seconds: float
+    task_ids: tuple[str, ...] = ()
+    outcomes: tuple[float, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """Plain values for JSON."""
@@ -121,6 +127,10 @@ async def evaluate_held_out(cfg: TrainConfig, engine: Any, renderer: Any, *, lab
 
     t0 = time.perf_counter()
     results = await run_jobs(jobs, agent, factory, concurrency=cfg.eval.concurrency, progress=True)
+    per_task: dict[int, list[float]] = {}
+    for job, r in zip(jobs, results, strict=True):
+        per_task.setdefault(job.game_index, []).append(float(r.won))
+    outcomes = tuple(statistics.fmean(per_task[i]) for i in range(len(tasks)) if i in per_task)
     calls = [c for c, _ in extras.values()] or [0.0]
     turns = [t for _, t in extras.values()] or [0.0]
     return HeldOutReport(
@@ -133,4 +143,6 @@ async def evaluate_held_out(cfg: TrainConfig, engine: Any, renderer: Any, *, lab
         turns_mean=statistics.fmean(turns),
         errors=sum(r.error is not None for r in results),
         seconds=time.perf_counter() - t0,
+        task_ids=tuple(name for name, _ in tasks),
+        outcomes=outcomes,
     )

@@ -30,6 +30,7 @@ import torch
 
 from agentenv.engines.sampling import SamplingTransform, label_logprobs
 from agentenv.errors import ConfigError, DataError
+from agentenv.rollout import is_token_budget_cut
 from agentenv.trainer.batching import PolicyBatch, build_batch, shard, split_micro_batches
 from agentenv.trainer.objectives import (
     ObjectiveStats,
@@ -40,6 +41,7 @@ from agentenv.trainer.objectives import (
     flash_reinforce_loss,
     group_advantages,
     grpo_loss,
+    masked_batch_mean_advantages,
 )
 from agentenv.trajectory import Trajectory
 
@@ -83,6 +85,14 @@ class OptimConfig:
             instead of keeping them (transformers' activation checkpointing, non-reentrant):
             activation memory of a row drops from all layers to about one, for one extra forward.
             The gradient is unchanged.
+        truncation: What a trajectory ended by a token budget (per turn, total or context;
+            :func:`agentenv.rollout.is_token_budget_cut`) does in the loss. ``"keep"`` (default):
+            it keeps its reward like any other row (environments never grade a cut reply unless
+            they ask to, so it usually holds 0 and teaches brevity). ``"mask"``: it gets advantage 0
+            and is left out of the batch-mean baseline (DAPO's overlong filtering, arXiv 2503.14476
+            sec. 3.4); it still counts in B. ``"penalty"``: ``truncation_penalty`` is subtracted from
+            its reward before the advantages (DAPO's overlong punishment at its hard limit).
+        truncation_penalty: Reward units subtracted under ``truncation: penalty`` (>= 0).
     """
 
     objective: Literal["flash_reinforce", "grpo"] = "flash_reinforce"
@@ -99,8 +109,14 @@ class OptimConfig:
     grpo_clip_eps: float = 0.2
     step_on_zero_gradient: bool = False
     gradient_checkpointing: bool = False
+    truncation: Literal["keep", "mask", "penalty"] = "keep"
+    truncation_penalty: float = 1.0
 
     def __post_init__(self) -> None:
+        if self.truncation not in ("keep", "mask", "penalty"):
+            raise ConfigError(f"optim.truncation must be 'keep', 'mask' or 'penalty', got {self.truncation!r}")
+        if not (math.isfinite(self.truncation_penalty) and self.truncation_penalty >= 0):
+            raise ConfigError(f"optim.truncation_penalty must be a finite number >= 0, got {self.truncation_penalty}")
         if self.objective not in ("flash_reinforce", "grpo"):
             raise ConfigError(f"objective must be 'flash_reinforce' or 'grpo', got {self.objective!r}")
         if not self.lr > 0 or self.weight_decay < 0 or self.grad_clip < 0 or self.warmup_steps < 0:
@@ -407,7 +423,7 @@ class Learner:
                 out = flash_reinforce_loss(
                     lp, mb.behaviour_logprobs, mb.loss_mask, mb.advantages, mb.lengths,
                     batch.global_batch_size, delta=cfg.delta,
-                    admitted=adm.to(self.device) if adm is not None else None,
+                    admitted=adm.to(self.device) if adm is not None else None, gate_d=mb.gate_d,
                     entropies=ent, entropy_keep_fraction=filt, row_ids=mb.ids,
                 )
             if out.loss.requires_grad:
@@ -550,6 +566,8 @@ def prepare_batch(
         config: Objective settings (``objective``, ``grpo_group_size``, ``delta``).
         pad_token_id: Pad id.
 
+    Trajectories cut by a token budget are treated as ``config.truncation`` says (:class:`OptimConfig`).
+
     Returns:
         ``(batch, admitted)``: advantages ``A_i = R_i - mean R`` over all B rows (GRPO: per group);
         ``admitted`` is ``(B,)`` bool from the scores, or None.
@@ -559,10 +577,16 @@ def prepare_batch(
         ConfigError: GRPO with a batch that is not whole groups.
     """
     batch = build_batch(trajectories, pad_token_id)
+    cut = torch.tensor([is_token_budget_cut(trajectories[k]) for k in batch.source_index], dtype=torch.bool)
+    rewards = batch.rewards
+    if config.truncation == "penalty":
+        rewards = rewards - config.truncation_penalty * cut.float()
     if config.objective == "grpo":
-        adv = group_advantages(batch.rewards, config.grpo_group_size)
+        adv = group_advantages(rewards, config.grpo_group_size)
+    elif config.truncation == "mask":
+        adv = masked_batch_mean_advantages(rewards, ~cut)
     else:
-        adv = batch_mean_advantages(batch.rewards)
+        adv = batch_mean_advantages(rewards)
     batch = replace(batch, advantages=adv.float())
     admitted = None
     if scores is not None and config.objective == "flash_reinforce":
@@ -576,7 +600,8 @@ def prepare_batch(
                     f"trajectory {tid}: {s.numel()} scores for {int(batch.lengths[i])} policy tokens"
                 )
             q[i][batch.loss_mask[i]] = s
-        _, admitted = bernoulli_kl_gate(q, batch.behaviour_logprobs, batch.loss_mask, config.delta)
+        d, admitted = bernoulli_kl_gate(q, batch.behaviour_logprobs, batch.loss_mask, config.delta)
+        batch = replace(batch, gate_d=d.float())
     return batch, admitted
 
 
@@ -615,6 +640,7 @@ def _skipped_stats(mb: PolicyBatch, adm: torch.Tensor) -> ObjectiveStats:
         rows=mb.num_rows,
         admitted=int(adm.sum()),
         tokens=int(mb.lengths.sum()),
+        d_sum=float(mb.gate_d.double().sum()),
         adv_sum=float(adv.sum()),
         adv_sq_sum=float((adv * adv).sum()),
         behaviour_nll_sum=float(-mb.behaviour_logprobs[mb.loss_mask].double().sum()),

@@ -215,7 +215,7 @@ async def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False,
         logger.info("resumed at policy version %d", learner.version)
     elif resume:
         logger.info("no checkpoint yet (stopped before the first update): starting at policy version 0")
-    saved_version = learner.version
+    saved_version = saved_at_start = learner.version
     if cfg.eval.problems and not (run_dir / "eval_before.json").exists():
         await held_out(cfg, engine, renderer, run_dir, "before", stop)
 
@@ -236,7 +236,12 @@ async def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False,
     try:
         if cfg.run.mode == "async":
             await collector.start()
+        batches = 0  # consumed, with or without an optimizer step
         while learner.version < cfg.run.updates and not stop.is_set():
+            if batches >= cfg.run.batch_limit:
+                logger.warning("stopping after %d batches: only %d of them carried gradient (run.max_batches)",
+                               batches, learner.version - saved_at_start)
+                break
             # 3. rollout (sync mode: generate exactly B, nothing overlaps with training)
             t_wait = time.time()
             rejected_now.clear()
@@ -250,23 +255,28 @@ async def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False,
                 break
             wait_s = time.time() - t_wait
 
-            # 4. update: one optimizer step on this fresh batch, then the weights go to the engine
-            t_update = time.time()
+            # 4. update: one optimizer step on this fresh batch, then the weights go to the engine.
+            # A batch without gradient takes no step (the version stays, the engine keeps its weights,
+            # so the next batch is gated at the same lag); it is discarded all the same.
+            t_update, consumed_at = time.time(), learner.version
             stats = await asyncio.to_thread(learner.update, selection.batch, scores=selection.scores)
             update_s = time.time() - t_update
-            await engine.update_weights(learner.weights_for_engine(), learner.version)
+            batches += 1
+            if stats.stepped:
+                await engine.update_weights(learner.weights_for_engine(), learner.version)
 
-            # 5. logging
+            # 5. logging: one row per consumed batch (``update`` is the policy version after it)
             row = setup.update_metrics(learner.version, selection, stats, pool, collector, wait_s, update_s, t_start)
             row["pool/rejected"] = len(rejected_now)
             row["engine/busy_share"] = (engine.clock.busy_seconds - busy_at_loop) / max(time.time() - t_loop, 1e-9)
-            metrics.log(learner.version, row)
+            row["train/batches"] = batches
+            metrics.log(batches, row)
             for traj in selection.batch:
-                staleness_log.write(json.dumps(setup.consumed_record(traj, learner.version - 1)) + "\n")
+                staleness_log.write(json.dumps(setup.consumed_record(traj, consumed_at)) + "\n")
             staleness_log.flush()
             progress.set_postfix(setup.postfix(row), refresh=False)
-            progress.update(1)
-            if learner.version % cfg.run.checkpoint_every == 0:
+            progress.update(int(stats.stepped))
+            if stats.stepped and learner.version % cfg.run.checkpoint_every == 0:
                 checkpoints.save(learner, extra={"pool": pool.state_dict(), "next_seed": collector.next_seed})
                 saved_version = learner.version
             summary = row
@@ -278,16 +288,18 @@ async def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False,
         train_s = time.time() - t_loop
         if learner.version != saved_version:
             checkpoints.save(learner, extra={"pool": pool.state_dict(), "next_seed": collector.next_seed})
-        if cfg.eval.problems and not stop.is_set() and learner.version >= cfg.run.updates:
+        if cfg.eval.problems and not stop.is_set() and learner.version > saved_at_start:
             after = await held_out(cfg, engine, renderer, run_dir, "after", stop)
             if after is not None:
                 summary["eval/after"] = after
         await engine.close()
         metrics.close()
         plot_run(run_dir)
-    before = run_dir / "eval_before.json"
+    before, after = run_dir / "eval_before.json", run_dir / "eval_after.json"
     if before.exists():
         summary["eval/before"] = json.loads(before.read_text())["success_rate"]
+    if before.exists() and after.exists():
+        summary.update(setup.held_out_change(json.loads(before.read_text()), json.loads(after.read_text())))
     summary = {**summary, "updates": learner.version, "train_s": train_s, "wall_clock_s": time.time() - t_start,
                "peak_rss_gb": setup.peak_rss_gb(), "interrupted": stop.is_set()}
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))

@@ -218,6 +218,27 @@ def update_metrics(version: int, selection: Any, stats: Any, pool: Any, collecto
     return row
 
 
+def held_out_change(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """Summary keys for the held-out change between two ``eval_*.json`` reports of one run.
+
+    ``eval/delta`` is after minus before (fraction of tasks); ``eval/ci95`` the paired-bootstrap
+    95% interval over tasks and ``eval/ci95_two_proportion`` the unpaired Wald interval
+    (:mod:`agentenv.trainer.significance`). Reports without per-task outcomes, or of different
+    task lists, give only ``eval/delta``.
+    """
+    from agentenv.trainer.significance import paired_bootstrap, two_proportion_interval
+
+    out: dict[str, Any] = {"eval/delta": after["success_rate"] - before["success_rate"]}
+    b, a = before.get("outcomes") or [], after.get("outcomes") or []
+    if b and a and before.get("task_ids") == after.get("task_ids"):
+        paired = paired_bootstrap(b, a)
+        out["eval/ci95"] = [paired.low, paired.high]
+        out["eval/ci95_excludes_zero"] = paired.excludes_zero
+        unpaired = two_proportion_interval(b, a)
+        out["eval/ci95_two_proportion"] = [unpaired.low, unpaired.high]
+    return out
+
+
 def peak_rss_gb() -> float:
     """Peak resident memory of this process so far (GB, 1e9 bytes; Linux reports ru_maxrss in KiB)."""
     import resource

@@ -32,7 +32,8 @@ class AnswerEvenProblems:
 
 
 def _cfg(n: int, **eval_kw) -> TrainConfig:
-    cfg, _ = parse_args(["env.kwargs.sandbox_backend=process", f"eval.problems={n}"])
+    cfg, _ = parse_args(["env.kwargs.sandbox_backend=process", f"eval.problems={n}", "env.dataset=math_train",
+                         "env.eval_dataset=math500", "env.max_problem_chars=80"])
     return cfg if not eval_kw else TrainConfig(**{**cfg.__dict__, "eval": EvalConfig(problems=n, **eval_kw)})
 
 
@@ -56,6 +57,19 @@ async def test_success_rate_counts_exactly_the_correct_answers():
     assert report.success_rate == pytest.approx(0.6)
     assert report.version == 4 and report.turns_mean == 1.0 and report.tool_calls_mean == 0.0
     assert set(engine.temperatures) == {0.0}  # greedy by default
+    # per-task outcomes, in task order, pair up between two reports of a run
+    assert report.task_ids == tuple(t[0] for t in tasks) and report.outcomes == (1.0, 0.0, 1.0, 0.0, 1.0)
+
+
+def test_the_default_recipe_holds_out_200_procedural_tasks_disjoint_from_training():
+    cfg, _ = parse_args([])
+    assert (cfg.env.dataset, cfg.env.eval_dataset, cfg.eval.problems) == ("tool_arith_train", "tool_arith_eval", 200)
+    _, tasks, _ = held_out_tasks(cfg)
+    held = {p.id: p.problem for p in load_math("tool_arith_eval")}
+    assert len(tasks) == 200 and len({held[t[0]] for t in tasks}) == 200
+    train_texts = {p.problem for p in load_math("tool_arith_train")}
+    assert not train_texts & {held[t[0]] for t in tasks}
+    assert {t[0].split("/")[1] for t in tasks} == {"lcm", "basic_arithmetic"}
 
 
 def test_eval_config_and_training_temperature_are_checked():

@@ -72,7 +72,10 @@ def test_two_async_updates_with_the_default_model_then_resume(tmp_path):
     run = tmp_path / "run"
     common = ["--run-dir", str(run), "warmup.steps=1", "run.batch_size=2", "run.concurrency=2",
               "run.max_pool_size=4", "rollout.max_new_tokens_per_turn=24", "rollout.max_total_tokens=64",
-              "env.kwargs.sandbox_backend=process", "eval.problems=2"]
+              "env.kwargs.sandbox_backend=process", "eval.problems=2",
+              # this test is about the plumbing (files, versions, resume): every batch takes its step,
+              # also one whose two rewards happen to be equal (which carries no gradient)
+              "optim.step_on_zero_gradient=true"]
     assert main(common + ["--updates", "2"]) == 0
     before = json.loads((run / "eval_before.json").read_text())
     after = json.loads((run / "eval_after.json").read_text())

@@ -1,0 +1,113 @@
+"""Is a held-out improvement real? Paired bootstrap and two-proportion intervals for success rates.
+
+A training run evaluates the same held-out tasks before and after training, so the two success
+vectors are *paired* (task ``i`` before against task ``i`` after). The paired bootstrap resamples
+tasks with replacement and recomputes the mean difference (Efron & Tibshirani 1993, ch. 13,
+percentile interval); it is tighter than an unpaired interval when the same tasks tend to succeed
+in both. The two-proportion (Wald) interval ignores the pairing and is given beside it as the
+conservative reference: ``(p_a - p_b) +- z * sqrt(p_a (1-p_a) / n_a + p_b (1-p_b) / n_b)``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from agentenv.errors import DataError
+
+__all__ = ["ImprovementInterval", "paired_bootstrap", "two_proportion_interval"]
+
+#: Two-sided 95% normal quantile.
+Z95 = 1.959963984540054
+
+
+@dataclass(frozen=True)
+class ImprovementInterval:
+    """The change in success rate from ``before`` to ``after`` with a 95% interval.
+
+    Attributes:
+        before / after: Success rates (fractions in [0, 1]).
+        delta: ``after - before`` (fraction; 0.15 is 15 points).
+        low / high: Bounds of the 95% interval of ``delta``.
+        tasks: Paired tasks (bootstrap) or the smaller sample size (two-proportion).
+        method: ``"paired_bootstrap"`` or ``"two_proportion"``.
+    """
+
+    before: float
+    after: float
+    delta: float
+    low: float
+    high: float
+    tasks: int
+    method: str
+
+    @property
+    def excludes_zero(self) -> bool:
+        """The interval lies entirely above or entirely below 0."""
+        return self.low > 0 or self.high < 0
+
+    def to_dict(self) -> dict[str, float | int | str | bool]:
+        """Plain values for JSON (with ``excludes_zero``)."""
+        return {**asdict(self), "excludes_zero": self.excludes_zero}
+
+
+def _as_outcomes(x: Sequence[float], name: str) -> np.ndarray:
+    a = np.asarray(list(x), dtype=np.float64)
+    if a.size == 0:
+        raise DataError(f"{name}: no outcomes")
+    if not np.isfinite(a).all() or (a < 0).any() or (a > 1).any():
+        raise DataError(f"{name}: outcomes must be success indicators in [0, 1]")
+    return a
+
+
+def paired_bootstrap(before: Sequence[float], after: Sequence[float], *, resamples: int = 10_000,
+                     seed: int = 0) -> ImprovementInterval:
+    """Percentile 95% interval of ``mean(after) - mean(before)`` resampling paired tasks.
+
+    Args:
+        before: ``(n,)`` per-task success (1/0, or a per-task success rate over samples) before training.
+        after: ``(n,)`` the same tasks, in the same order, after training.
+        resamples: Bootstrap resamples (>= 100).
+        seed: Seeds the resampling (the interval is reproducible).
+
+    Returns:
+        :class:`ImprovementInterval` with ``method="paired_bootstrap"``.
+
+    Raises:
+        DataError: Empty or unequal-length inputs, values outside [0, 1], ``resamples < 100``.
+    """
+    b, a = _as_outcomes(before, "before"), _as_outcomes(after, "after")
+    if b.size != a.size:
+        raise DataError(f"paired outcomes need equal lengths, got {b.size} before and {a.size} after")
+    if resamples < 100:
+        raise DataError(f"resamples must be >= 100, got {resamples}")
+    diff = a - b
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, diff.size, size=(resamples, diff.size))
+    means = diff[idx].mean(axis=1)
+    low, high = np.quantile(means, [0.025, 0.975])
+    return ImprovementInterval(float(b.mean()), float(a.mean()), float(diff.mean()), float(low), float(high),
+                               int(diff.size), "paired_bootstrap")
+
+
+def two_proportion_interval(before: Sequence[float], after: Sequence[float]) -> ImprovementInterval:
+    """Wald 95% interval of the difference of two independent success proportions.
+
+    Args:
+        before: ``(n_b,)`` success indicators before training.
+        after: ``(n_a,)`` success indicators after training (pairing ignored).
+
+    Returns:
+        :class:`ImprovementInterval` with ``method="two_proportion"`` (``tasks`` = ``min(n_a, n_b)``).
+
+    Raises:
+        DataError: Empty inputs or values outside [0, 1].
+    """
+    b, a = _as_outcomes(before, "before"), _as_outcomes(after, "after")
+    pb, pa = float(b.mean()), float(a.mean())
+    se = math.sqrt(pa * (1 - pa) / a.size + pb * (1 - pb) / b.size)
+    d = pa - pb
+    return ImprovementInterval(pb, pa, d, d - Z95 * se, d + Z95 * se, int(min(a.size, b.size)), "two_proportion")
