@@ -16,6 +16,7 @@ tokens it already has.
 from __future__ import annotations
 
 import asyncio
+import copy
 import inspect
 import queue
 import threading
@@ -55,6 +56,50 @@ class _Update:
     version: int
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future
+
+
+class SharedPrefix:
+    """The KV cache of the prompt prefix that consecutive requests share, valid for one policy version.
+
+    Every episode of an environment starts with the same system prompt and tool schemas (about 300
+    tokens with the python tool), so most of each prefill recomputes the same keys and values. After a
+    full prefill, the longest common prefix (in tokens) with the previous prompt is kept when it is at
+    least ``min_tokens`` long; a later prompt that starts with it, under the same policy version,
+    copies that cache and prefills only its own suffix. A weight update invalidates it (the cache was
+    computed by older weights), so ``prefix_version`` stays truthful: a reused prefix is always of the
+    serving version.
+
+    Args:
+        min_tokens: Shortest prefix worth keeping (tokens).
+    """
+
+    def __init__(self, min_tokens: int = 32) -> None:
+        self.min_tokens = min_tokens
+        self.ids: tuple[int, ...] = ()
+        self.cache: DynamicCache | None = None
+        self.version = -1
+        self._last: tuple[int, ...] = ()
+
+    def serves(self, ids: Sequence[int], version: int) -> bool:
+        """Whether the kept prefix is of ``version`` and a strict prefix of ``ids`` (a suffix is left)."""
+        n = len(self.ids)
+        return bool(n) and self.version == version and len(ids) > n and tuple(ids[:n]) == self.ids
+
+    def remember(self, ids: Sequence[int], cache: DynamicCache, version: int) -> None:
+        """After a full prefill of ``ids`` into ``cache`` (one row): keep the prefix it shares with the last one."""
+        ids = tuple(ids)
+        last, self._last = self._last, ids
+        n = 0
+        for a, b in zip(ids, last, strict=False):
+            if a != b:
+                break
+            n += 1
+        n = min(n, len(ids) - 1)
+        if n < self.min_tokens:
+            return
+        kept = copy.deepcopy(cache)
+        kept.crop(n - len(ids))  # transformers >= 5.2x: a negative count of trailing tokens to drop
+        self.ids, self.cache, self.version = ids[:n], kept, version
 
 
 def _resolve(
@@ -131,6 +176,11 @@ class TransformersEngine:
         """Decode steps (batched forward passes after prefill) run so far; for tests and benchmarks."""
         self.num_prefills = 0
         """Prefill forward passes run so far (including RECOMPUTE re-prefills)."""
+        self.num_prefix_hits = 0
+        """Prefills that reused the shared prompt prefix's KV cache (see :class:`SharedPrefix`)."""
+        self.prefill_tokens = 0
+        """Prompt tokens actually computed by prefills (tokens; the shared prefix's reuses excluded)."""
+        self._shared = SharedPrefix()
 
     # ------------------------------------------------------------------ public API
     @property
@@ -295,9 +345,18 @@ class TransformersEngine:
         return out.logits[:, -1, :]
 
     def _prefill(self, req: _Request, ids: list[int]) -> tuple[DynamicCache, torch.Tensor]:
-        cache = DynamicCache(config=self._model.config)
-        logits = self._forward(torch.tensor([ids], device=self._device), cache)
-        kv_cache.check_plain_layers(cache)
+        shared = self._shared
+        n = len(shared.ids) if shared.serves(ids, self._version) else 0
+        if n:  # the system prompt and tool schemas every episode starts with: computed once per version
+            cache = copy.deepcopy(shared.cache)
+            logits = self._forward(torch.tensor([ids[n:]], device=self._device), cache)
+            self.num_prefix_hits += 1
+        else:
+            cache = DynamicCache(config=self._model.config)
+            logits = self._forward(torch.tensor([ids], device=self._device), cache)
+            kv_cache.check_plain_layers(cache)
+            shared.remember(ids, cache, self._version)
+        self.prefill_tokens += len(ids) - n
         self.num_prefills += 1
         req.n_cached = len(ids)
         req.cache_version = self._version
