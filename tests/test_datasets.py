@@ -46,8 +46,12 @@ def test_known_answers(data_dir: Path) -> None:
 
 
 def test_names_and_splits() -> None:
-    assert set(dataset_names()) == set(EXPECTED_ROWS) == set(DATASETS)
-    assert set(dataset_names("train")) == {"math_train", "aime_1983_2023", "simplelr_math_35"}
+    from agentenv.envs.python_tool.procedural import PROCEDURAL_SETS
+
+    assert set(dataset_names()) == set(EXPECTED_ROWS) | set(PROCEDURAL_SETS)
+    assert set(EXPECTED_ROWS) == set(DATASETS)
+    assert set(dataset_names("train")) == {"math_train", "aime_1983_2023", "simplelr_math_35", "tool_arith_train"}
+    assert "tool_arith_eval" in dataset_names("eval")
 
 
 def test_unknown_name_lists_known() -> None:

@@ -30,6 +30,19 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
+#: Batches in the moving mean of the reward curve.
+REWARD_WINDOW = 5
+
+
+def moving_mean(values: list[float], window: int) -> list[float]:
+    """Trailing mean over the last ``window`` values (fewer at the start); NaNs are skipped."""
+    out = []
+    for i in range(len(values)):
+        chunk = [v for v in values[max(0, i - window + 1) : i + 1] if v == v]
+        out.append(sum(chunk) / len(chunk) if chunk else float("nan"))
+    return out
+
+
 def plot_run(run_dir: str | Path) -> list[Path]:
     """Write ``plots/*.png`` for the run in ``run_dir`` and return their paths.
 
@@ -44,10 +57,20 @@ def plot_run(run_dir: str | Path) -> list[Path]:
     written = []
 
     steps = [m["update"] for m in metrics]
+    rewards = [m.get("reward/mean", float("nan")) for m in metrics]
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.plot(steps, [m.get("reward/mean", float("nan")) for m in metrics], marker=".")
-    ax.set(xlabel="update (policy version)", ylabel="mean reward of the batch", title="Reward")
+    ax.plot(steps, rewards, marker=".", alpha=0.4, label="batch mean")
+    ax.plot(steps, moving_mean(rewards, REWARD_WINDOW), color="tab:blue",
+            label=f"moving mean ({REWARD_WINDOW} batches)")
+    for label, color in (("before", "tab:green"), ("after", "tab:red")):
+        path = run / f"eval_{label}.json"
+        if path.is_file():
+            report = json.loads(path.read_text())
+            ax.scatter([report["version"]], [report["success_rate"]], color=color, zorder=3, s=40,
+                       label=f"held-out {label}: {report['success_rate']:.3f} ({report['tasks']} tasks)")
+    ax.set(xlabel="update (policy version)", ylabel="reward / success", title="Training reward and held-out success")
     ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
     written.append(_save(fig, out / "reward.png"))
 
     for key, label in (("gs", "generation staleness GS"), ("ws", "waiting staleness WS")):
