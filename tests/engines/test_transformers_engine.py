@@ -255,3 +255,26 @@ async def test_top_k_logprobs_are_the_processed_ones(refs):
     with pytest.raises(ConfigError, match="top_k"):
         await engine.generate(prompt, SamplingParams(max_new_tokens=2, top_k=-2))
     await engine.close()
+
+
+async def test_shared_prompt_prefix_is_reused_within_a_version_only(refs):
+    """The system prompt every episode starts with is prefilled once per policy version."""
+    system = [3 + (7 * j) % 50 for j in range(40)]  # 40 shared tokens (>= SharedPrefix.min_tokens)
+    prompts = [system + [60 + i, 61 + i] for i in range(3)]
+    params = SamplingParams(max_new_tokens=6, seed=7)
+    engine = TransformersEngine(tiny_random_model(seed=0), max_batch_size=4)
+    outs = [await engine.generate(p, params) for p in prompts]
+    # the first two are prefilled whole (the second finds the 40 tokens it shares with the first and
+    # keeps their cache); the third computes only its own 2 tokens
+    assert engine.num_prefix_hits == 1
+    assert engine.prefill_tokens == 42 + 42 + 2
+    for prompt, out in zip(prompts, outs, strict=True):  # same numbers as a full forward pass
+        ref = full_forward_logprobs(refs[0], prompt, out.token_ids)
+        torch.testing.assert_close(torch.tensor(out.logprobs), ref, atol=1e-4, rtol=0)
+    # New weights: the kept prefix was computed by the old ones and must not serve the new version.
+    await engine.update_weights(refs[1].state_dict(), 1)
+    again = await engine.generate(prompts[0], params)
+    assert engine.num_prefix_hits == 1 and again.spans == [TokenSpan(6, 1, 1)]
+    ref = full_forward_logprobs(refs[1], prompts[0], again.token_ids)
+    torch.testing.assert_close(torch.tensor(again.logprobs), ref, atol=1e-4, rtol=0)
+    await engine.close()
