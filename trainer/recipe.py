@@ -266,7 +266,8 @@ async def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False,
                 await engine.update_weights(learner.weights_for_engine(), learner.version)
 
             # 5. logging: one row per consumed batch (``update`` is the policy version after it)
-            row = setup.update_metrics(learner.version, selection, stats, pool, collector, wait_s, update_s, t_start)
+            row = setup.update_metrics(learner.version, selection, stats, pool, collector, wait_s, update_s, t_start,
+                                       consumed_at=consumed_at)
             row["pool/rejected"] = len(rejected_now)
             row["engine/busy_share"] = (engine.clock.busy_seconds - busy_at_loop) / max(time.time() - t_loop, 1e-9)
             row["train/batches"] = batches

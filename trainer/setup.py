@@ -181,8 +181,11 @@ def consumed_record(traj: Trajectory, version: int) -> dict[str, Any]:
 
 
 def update_metrics(version: int, selection: Any, stats: Any, pool: Any, collector: Any,
-                   wait_s: float, update_s: float, t_start: float) -> dict[str, Any]:
+                   wait_s: float, update_s: float, t_start: float, *, consumed_at: int | None = None) -> dict[str, Any]:
     """The metrics row of one update: objective stats, rewards, lengths, staleness, pool, failures, timing.
+
+    ``version`` is the policy version after the update; ``consumed_at`` the version that consumed the
+    batch (waiting staleness is measured against it; default ``version - 1``, an update that stepped).
 
     ``episodes/failed``, ``episodes/retried`` and ``episodes/dropped_tasks`` count since the previous
     row (:meth:`RolloutCollector.report_counts`, so call this once per update); ``episodes/errors``
@@ -198,7 +201,7 @@ def update_metrics(version: int, selection: Any, stats: Any, pool: Any, collecto
     row["length/turns"] = sum(t.info.get("turns", 0) for t in batch) / len(batch)
     row["tools/calls"] = sum(t.info.get("tool_calls", 0) or 0 for t in batch) / len(batch)
     gs = [t.generation_staleness() for t in batch]
-    ws = [t.waiting_staleness(version - 1) for t in batch]
+    ws = [t.waiting_staleness(version - 1 if consumed_at is None else consumed_at) for t in batch]
     row["staleness/gs_mean"] = sum(gs) / len(gs)
     row["staleness/ws_mean"] = sum(ws) / len(ws)
     row["staleness/gs_max"] = max(gs)
