@@ -4,15 +4,7 @@
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
-# The venv's interpreter (PY=...; a PIP=.../bin/pip is read as its python), never the `python` on PATH;
-# its bin/ goes first on PATH so that a build that spawns `python` gets it too. Pins: constraints.txt.
-if [ -z "${PY:-}" ] && [ -n "${PIP:-}" ]; then PY="$(dirname "$PIP")/python"; fi
-PY="${PY:-$repo/.venv/bin/python}"
-[ -x "$PY" ] || { echo "$(basename "$0"): $PY not found; run bash scripts/install.sh first" >&2; exit 1; }
-PY="$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY")"
-export PATH="$(dirname "$PY"):$PATH"
-CONSTRAINTS="${AGENTENV_CONSTRAINTS:-$repo/constraints.txt}"
-export PIP_CONSTRAINT="$CONSTRAINTS"
-pip_install() { "$PY" -m pip install -c "$CONSTRAINTS" "$@"; }
+# The venv's interpreter first on PATH, never the `python` on PATH; pins: constraints.txt.
+source "$repo/scripts/venv_env.sh"
 
 pip_install -q "numpy>=1.24" "tyro>=0.8"
