@@ -30,9 +30,15 @@ def run_figures(run: Path) -> dict:
     summary = json.loads((run / "summary.json").read_text())
     rows = read_jsonl(run / "metrics.jsonl")
     before = json.loads((run / "eval_before.json").read_text())
-    after = json.loads((run / "eval_after.json").read_text())
-    paired = paired_bootstrap(before["outcomes"], after["outcomes"])
-    unpaired = two_proportion_interval(before["outcomes"], after["outcomes"])
+    after_path = run / "eval_after.json"  # absent when the run was stopped before its last update
+    after = json.loads(after_path.read_text()) if after_path.is_file() else None
+    nan = float("nan")
+    if after is not None:
+        paired = paired_bootstrap(before["outcomes"], after["outcomes"])
+        unpaired = two_proportion_interval(before["outcomes"], after["outcomes"])
+        delta, p_ci, u_ci = paired.delta, (paired.low, paired.high), (unpaired.low, unpaired.high)
+    else:
+        delta, p_ci, u_ci = nan, (nan, nan), (nan, nan)
     stepped = [r for r in rows if r.get("learner/stepped")]
     first_update = next((r["time/elapsed_s"] for r in rows if r.get("learner/stepped")), float("nan"))
     admitted = sum(r["learner/admitted_fraction"] * r["learner/rows"] for r in rows)
@@ -40,11 +46,11 @@ def run_figures(run: Path) -> dict:
     return {
         "run": run.name,
         "before": before["success_rate"],
-        "after": after["success_rate"],
+        "after": after["success_rate"] if after else nan,
         "tasks": before["tasks"],
-        "delta": paired.delta,
-        "paired": (paired.low, paired.high),
-        "unpaired": (unpaired.low, unpaired.high),
+        "delta": delta,
+        "paired": p_ci,
+        "unpaired": u_ci,
         "updates": summary["updates"],
         "batches": len(rows),
         "updates_per_hour": summary["updates"] / summary["train_s"] * 3600,
@@ -54,8 +60,9 @@ def run_figures(run: Path) -> dict:
         "wall_min": summary["wall_clock_s"] / 60,
         "train_min": summary["train_s"] / 60,
         "peak_gb": summary["peak_rss_gb"],
-        "reward_first5": sum(r["reward/mean"] for r in rows[:5]) / max(len(rows[:5]), 1),
-        "reward_last5": sum(r["reward/mean"] for r in rows[-5:]) / max(len(rows[-5:]), 1),
+        "reward_first10": sum(r["reward/mean"] for r in rows[:10]) / max(len(rows[:10]), 1),
+        "reward_last10": sum(r["reward/mean"] for r in rows[-10:]) / max(len(rows[-10:]), 1),
+        "stopped": bool(summary.get("interrupted")),
     }
 
 
@@ -65,7 +72,7 @@ def main(argv: list[str]) -> int:
         return 2
     figs = [run_figures(Path(a)) for a in argv]
     print("| run | held-out before | after | change | 95% CI paired | 95% CI two-prop. | updates (batches) "
-          "| updates/h | first update | batches with gradient | gate admitted | reward first 5 / last 5 "
+          "| updates/h | first update | batches with gradient | gate admitted | reward first 10 / last 10 "
           "| update loop | whole run | peak RSS |")
     print("|---|---:|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for f in figs:
@@ -74,8 +81,8 @@ def main(argv: list[str]) -> int:
               f"| [{100 * f['unpaired'][0]:+.1f}, {100 * f['unpaired'][1]:+.1f}] "
               f"| {f['updates']} ({f['batches']}) | {f['updates_per_hour']:.0f} | {f['first_update_s']:.0f} s "
               f"| {100 * f['gradient_share']:.0f}% | {100 * f['admission']:.0f}% "
-              f"| {f['reward_first5']:.2f} / {f['reward_last5']:.2f} | {f['train_min']:.1f} min "
-              f"| {f['wall_min']:.1f} min | {f['peak_gb']:.1f} GB |")
+              f"| {f['reward_first10']:.3f} / {f['reward_last10']:.3f} | {f['train_min']:.1f} min "
+              f"| {f['wall_min']:.1f} min{' (stopped)' if f['stopped'] else ''} | {f['peak_gb']:.1f} GB |")
     if len(figs) > 1:
         mean = sum(f["delta"] for f in figs) / len(figs)
         print(f"\nmean change over {len(figs)} runs: {100 * mean:+.1f} points "

@@ -57,18 +57,21 @@ def plot_run(run_dir: str | Path) -> list[Path]:
     written = []
 
     steps = [m["update"] for m in metrics]
+    # batches consumed: a batch without gradient takes no step, so versions repeat; batches do not
+    batches = [m.get("train/batches", m["update"]) for m in metrics]
     rewards = [m.get("reward/mean", float("nan")) for m in metrics]
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.plot(steps, rewards, marker=".", alpha=0.4, label="batch mean")
-    ax.plot(steps, moving_mean(rewards, REWARD_WINDOW), color="tab:blue",
+    ax.plot(batches, rewards, marker=".", alpha=0.4, label="batch mean")
+    ax.plot(batches, moving_mean(rewards, REWARD_WINDOW), color="tab:blue",
             label=f"moving mean ({REWARD_WINDOW} batches)")
-    for label, color in (("before", "tab:green"), ("after", "tab:red")):
+    for label, color, x in (("before", "tab:green", 0), ("after", "tab:red", batches[-1] if batches else 0)):
         path = run / f"eval_{label}.json"
         if path.is_file():
             report = json.loads(path.read_text())
-            ax.scatter([report["version"]], [report["success_rate"]], color=color, zorder=3, s=40,
-                       label=f"held-out {label}: {report['success_rate']:.3f} ({report['tasks']} tasks)")
-    ax.set(xlabel="update (policy version)", ylabel="reward / success", title="Training reward and held-out success")
+            ax.scatter([x], [report["success_rate"]], color=color, zorder=3, s=40,
+                       label=f"held-out {label} (version {report['version']}): {report['success_rate']:.3f} "
+                             f"({report['tasks']} tasks)")
+    ax.set(xlabel="batch consumed", ylabel="reward / success", title="Training reward and held-out success")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     written.append(_save(fig, out / "reward.png"))
