@@ -49,7 +49,9 @@ def tiny_lm() -> torch.nn.Module:
 
 
 class SeedParityEnv(Env[str, str]):
-    """One turn; reward 1 for an odd task seed, else 0."""
+    """One turn; reward 1 for an odd task seed, else 0 (whatever the reply, also one cut by the budget)."""
+
+    cut_turn = "act"  # the random model's 6-token replies never close their turn: score them anyway
 
     async def reset(self, *, seed=None, options=None):
         await super().reset(seed=seed)
