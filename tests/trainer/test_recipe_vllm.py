@@ -28,7 +28,9 @@ def test_two_async_updates_with_vllm_reloading_weights(tmp_path):
     argv = ["--run-dir", str(run), "--updates", "2", "model.engine=vllm", "warmup.steps=0", "eval.problems=0",
             "run.batch_size=2", "run.concurrency=2", "run.max_pool_size=4", "rollout.max_turns=1",
             "rollout.max_new_tokens_per_turn=16", "rollout.max_total_tokens=16",
-            "env.kwargs.sandbox_backend=process"]
+            "env.kwargs.sandbox_backend=process",
+            # the weight reload is under test: every batch steps, also one whose rewards are all equal
+            "optim.step_on_zero_gradient=true"]
     assert main(argv) == 0
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["update"] for r in rows] == [1, 2]
