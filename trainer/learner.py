@@ -54,6 +54,7 @@ __all__ = [
     "UpdateStats",
     "enable_gradient_checkpointing",
     "prepare_batch",
+    "shared_prefix_length",
     "token_logprobs",
     "update_stats",
 ]
@@ -81,6 +82,14 @@ class OptimConfig:
         grpo_clip_eps: GRPO/PPO ratio clip epsilon.
         step_on_zero_gradient: Take the optimizer step (and bump the version) even when the batch
             carries no gradient (all rows rejected or zero advantage). Default False: skip it.
+        share_prefix: Run the token prefix that every row of a micro-batch shares (the system prompt
+            and tool schemas; a GRPO group's whole prompt) through the model once per micro-batch
+            and let every row attend to that one KV cache (:func:`shared_prefix_length`). The
+            log-probabilities and the gradient are those of the plain padded pass (the prefix's KV
+            is repeated with autograd, so its gradient is the sum over rows); only the compute
+            shrinks, by about ``(b - 1) * prefix / (b * L)``. Used when a micro-batch holds 2 or
+            more rows sharing at least 16 tokens, for a transformers model without activation
+            checkpointing (whose layers drop the cache); otherwise the plain pass runs.
         gradient_checkpointing: Recompute each decoder layer's activations in the backward pass
             instead of keeping them (transformers' activation checkpointing, non-reentrant):
             activation memory of a row drops from all layers to about one, for one extra forward.
@@ -109,6 +118,7 @@ class OptimConfig:
     grpo_clip_eps: float = 0.2
     step_on_zero_gradient: bool = False
     gradient_checkpointing: bool = False
+    share_prefix: bool = True
     truncation: Literal["keep", "mask", "penalty"] = "keep"
     truncation_penalty: float = 1.0
 
@@ -206,12 +216,41 @@ class UpdateStats:
         }
 
 
+#: Shortest shared prefix (tokens) worth a separate forward pass.
+MIN_SHARED_PREFIX = 16
+
+
+def shared_prefix_length(batch: PolicyBatch) -> int:
+    """Leading positions every row shares that hold no policy label: the part one KV cache can serve.
+
+    The prefix is the longest run of positions ``0..n-1`` where all rows hold the same real token
+    (the system prompt, the tool schemas; a GRPO group's whole prompt), capped so that every label
+    position ``j >= n`` is computed in the suffix pass: ``n <= `` the first label position holding
+    a policy token in any row (label ``j`` is predicted from position ``j``), and ``n <= L - 1``.
+
+    Returns:
+        ``n`` (tokens), 0 for a one-row batch.
+    """
+    ids, mask = batch.input_ids, batch.attention_mask
+    b, length = ids.shape
+    if b < 2 or length < 2:
+        return 0
+    same = (ids == ids[:1]).all(dim=0) & mask.bool().all(dim=0)
+    differs = (~same).nonzero()
+    n = int(differs[0]) if differs.numel() else length
+    policy = batch.loss_mask.any(dim=0).nonzero()
+    if policy.numel():
+        n = min(n, int(policy[0]))
+    return min(n, length - 1)
+
+
 def token_logprobs(
     model: torch.nn.Module,
     batch: PolicyBatch,
     *,
     with_entropy: bool = False,
     sampling: SamplingTransform | None = None,
+    share_prefix: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Current log pi(label) at every policy-token label position, and optionally the entropy.
 
@@ -227,6 +266,11 @@ def token_logprobs(
     their gradient (memory and time both shrink by roughly the policy-token share of ``t``); the
     top-k/top-p sort then also runs only at those ``k`` positions.
 
+    With ``share_prefix`` (see :attr:`OptimConfig.share_prefix`), the ``n`` leading tokens all rows
+    share (:func:`shared_prefix_length`) run once as a ``(1, n)`` pass whose KV cache is repeated to
+    the ``b`` rows, and the rows run only their ``(b, L - n)`` suffixes against it: same values and
+    gradient as the plain pass up to float rounding (checked in ``tests/trainer/test_learner.py``).
+
     Args:
         model: A causal LM returning ``.logits`` of shape ``(b, L, V)`` (or ``(b, k, V)`` when given
             ``logits_to_keep`` as a ``(k,)`` index tensor); a DeepSpeed engine wrapping one is fine.
@@ -234,6 +278,7 @@ def token_logprobs(
         with_entropy: Also return the entropy (nats) of the processed distribution (full vocabulary
             under the identity), computed without gradient.
         sampling: The behaviour transform; None is the identity.
+        share_prefix: Serve the shared prefix from one KV cache when the model allows it.
 
     Returns:
         ``(logprobs (b, t) float32 nats, entropy (b, t) float32 or None)``. Values at positions without
@@ -242,7 +287,11 @@ def token_logprobs(
     """
     b, t = batch.labels.shape
     keep = batch.loss_mask.any(dim=0).nonzero().squeeze(1)
-    if _accepts_logits_to_keep(model) and 0 < keep.numel() < t:
+    n = shared_prefix_length(batch) if share_prefix and _can_share_prefix(model) and keep.numel() else 0
+    if n >= MIN_SHARED_PREFIX:
+        logits = _suffix_logits(model, batch, n, keep).float()
+        labels = batch.labels[:, keep]
+    elif _accepts_logits_to_keep(model) and 0 < keep.numel() < t:
         logits = model(
             input_ids=batch.input_ids, attention_mask=batch.attention_mask, logits_to_keep=keep
         ).logits.float()
@@ -256,6 +305,40 @@ def token_logprobs(
         lp = lp.new_zeros(b, t).index_copy(1, keep, lp)
         ent = None if ent is None else ent.new_zeros(b, t).index_copy(1, keep, ent)
     return lp, ent
+
+
+def _suffix_logits(model: torch.nn.Module, batch: PolicyBatch, n: int, keep: torch.Tensor) -> torch.Tensor:
+    """``(b, k, V)`` logits at label positions ``keep`` (all ``>= n``).
+
+    The shared ``n``-token prefix runs once, its KV cache is repeated to the ``b`` rows
+    (differentiably), then the rows' suffixes run against it.
+    """
+    from transformers import DynamicCache
+
+    b, length = batch.input_ids.shape
+    cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    cache = DynamicCache(config=model.config)
+    model(input_ids=batch.input_ids[:1, :n], use_cache=True, logits_to_keep=1, **{cache_kw: cache})
+    cache.batch_repeat_interleave(b)
+    positions = torch.arange(n, length, device=batch.input_ids.device).expand(b, -1)
+    return model(
+        input_ids=batch.input_ids[:, n:], attention_mask=batch.attention_mask, position_ids=positions,
+        use_cache=True, logits_to_keep=keep - n, **{cache_kw: cache},
+    ).logits
+
+
+def _can_share_prefix(model: torch.nn.Module) -> bool:
+    """A transformers causal LM itself (not a wrapper) that keeps a KV cache in this mode."""
+    try:
+        from transformers import PreTrainedModel
+    except ImportError:  # pragma: no cover - transformers is a core dependency
+        return False
+    if not isinstance(model, PreTrainedModel) or not _accepts_logits_to_keep(model):
+        return False
+    flag = "is_activation_checkpointing"  # transformers >= 5.x; older releases name it is_gradient_...
+    if not hasattr(model, flag):
+        flag = "is_gradient_checkpointing"
+    return not getattr(model, flag, False)
 
 
 def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
@@ -356,7 +439,8 @@ class Learner:
             batch = build_batch(trajectories, self.pad_token_id)
             for mb in split_micro_batches(batch, self.config.micro_batch_size):
                 mb = mb.to(self.device)
-                lp, _ = token_logprobs(self.model, mb, sampling=self.sampling)
+                lp, _ = token_logprobs(self.model, mb, sampling=self.sampling,
+                                       share_prefix=self.config.share_prefix)
                 for i, (tid, k) in enumerate(zip(mb.ids, mb.source_index, strict=True)):
                     row = lp[i][mb.loss_mask[i]].float().cpu()
                     if not torch.isfinite(row).all():
@@ -413,7 +497,8 @@ class Learner:
                 stats = stats + _skipped_stats(mb, adm)
                 continue
             mb = mb.to(self.device)
-            lp, ent = token_logprobs(self.model, mb, with_entropy=filt is not None, sampling=self.sampling)
+            lp, ent = token_logprobs(self.model, mb, with_entropy=filt is not None, sampling=self.sampling,
+                                     share_prefix=cfg.share_prefix)
             if cfg.objective == "grpo":
                 out = grpo_loss(
                     lp, mb.behaviour_logprobs, mb.loss_mask, mb.advantages, mb.lengths, batch.global_tokens,

@@ -97,7 +97,7 @@ def warmed_up(cfg: TrainConfig, model: torch.nn.Module, tokenizer: Any, renderer
     from agentenv.sandboxes.base import ExecResult, ExecStatus
     from agentenv.trainer.warmup import build_transcript, scripted_problem, sft_warmup
 
-    key = hashlib.sha256(json.dumps([cfg.model.name, to_dict(cfg.warmup), 2]).encode()).hexdigest()[:12]
+    key = hashlib.sha256(json.dumps([cfg.model.name, to_dict(cfg.warmup), 3]).encode()).hexdigest()[:12]
     folder = cache_dir("warmup", key)
     weights = folder / "model.pt"
     if weights.is_file():

@@ -11,7 +11,6 @@ exactly the token layout it will later generate into.
 
 from __future__ import annotations
 
-import inspect
 import json
 import math
 import random
@@ -22,6 +21,9 @@ from typing import Any
 import torch
 
 from agentenv.errors import ConfigError, Interrupted
+from agentenv.trainer.batching import build_batch
+from agentenv.trainer.learner import token_logprobs
+from agentenv.trajectory import Trajectory
 
 
 @dataclass(frozen=True)
@@ -160,15 +162,14 @@ def sft_warmup(
                 pos = 0
             batch.append(examples[order[pos]])
             pos += 1
-        # one example at a time (no padding), the vocabulary projection only where the loss is taken;
-        # the gradient is that of the token-mean NLL over the whole batch
-        total = sum(sum(m[1:]) for _, m in batch)
+        # the whole batch in one pass: the system prompt and tool schemas every transcript starts
+        # with run once (token_logprobs' shared prefix); the loss is the token-mean NLL over the batch
+        policy = build_batch([_as_trajectory(x, m) for x, m in batch], pad_token_id=0)
         opt.zero_grad(set_to_none=True)
-        loss_sum = 0.0
-        for x, m in batch:
-            nll = _masked_nll(model, x, m)
-            (nll.sum() / total).backward()
-            loss_sum += float(nll.detach().sum())
+        lp, _ = token_logprobs(model, policy, share_prefix=True)
+        nll_sum = -lp[policy.loss_mask].sum()
+        (nll_sum / int(policy.loss_mask.sum())).backward()
+        loss_sum, total = float(nll_sum.detach()), int(policy.loss_mask.sum())
         loss = torch.tensor(loss_sum / total)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -179,12 +180,18 @@ def sft_warmup(
     return losses
 
 
-def _masked_nll(model: torch.nn.Module, ids: Sequence[int], mask: Sequence[bool]) -> torch.Tensor:
-    """``(k,)`` NLL (nats) of the tokens ``ids[j]`` with ``mask[j]`` (j >= 1) given their prefix."""
-    x = torch.tensor([list(ids)])
-    positions = torch.tensor([j - 1 for j in range(1, len(ids)) if mask[j]])
-    if "logits_to_keep" in inspect.signature(model.forward).parameters:
-        logits = model(input_ids=x, logits_to_keep=positions).logits[0].float()
-    else:
-        logits = model(input_ids=x).logits[0, positions].float()
-    return torch.nn.functional.cross_entropy(logits, x[0, positions + 1], reduction="none")
+def _as_trajectory(ids: Sequence[int], mask: Sequence[int]) -> Trajectory:
+    """A transcript as a trajectory: masked tokens are the policy's (log mu unused here, set to 0)."""
+    tr = Trajectory(id="warmup")
+    j = 0
+    while j < len(ids):
+        k = j
+        while k < len(ids) and bool(mask[k]) == bool(mask[j]):
+            k += 1
+        run = list(ids[j:k])
+        if mask[j]:
+            tr.append_policy_tokens(run, [0.0] * len(run), 0, 0)
+        else:
+            tr.append_environment_tokens(run)
+        j = k
+    return tr

@@ -298,3 +298,76 @@ def test_token_logprobs_projects_only_policy_positions_with_the_same_values():
     skipped = ~m.any(0)
     assert (lp[:, skipped] == 0).all() and (ent[:, skipped] == 0).all()
     assert (lp_full[:, skipped] != 0).any()
+
+
+def _with_system_prompt(trajs, n: int, seed: int) -> list[Trajectory]:
+    """Copies of ``trajs`` that all start with the same ``n`` environment tokens (a system prompt)."""
+    import random
+
+    rng = random.Random(seed)
+    system = [rng.randrange(1, 60) for _ in range(n)]
+    out = []
+    for tr in trajs:
+        d = tr.to_dict()
+        d["token_ids"] = system + list(d["token_ids"])
+        d["loss_mask"] = [False] * n + list(d["loss_mask"])
+        d["behaviour_logprobs"] = [0.0] * n + list(d["behaviour_logprobs"])
+        d["prompt_length"] = d["prompt_length"] + n
+        out.append(Trajectory.from_dict(d))
+    return out
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_shared_prefix_pass_gives_the_plain_values_and_gradient(arch, monkeypatch):
+    """The system prompt all rows share runs once; log pi, the loss and the gradient do not change."""
+    from agentenv.trainer import learner as learner_module
+    from agentenv.trainer.batching import build_batch
+    from agentenv.trainer.learner import shared_prefix_length
+
+    calls = []
+    real = learner_module._suffix_logits
+    monkeypatch.setattr(learner_module, "_suffix_logits", lambda *a: calls.append(a[2]) or real(*a))
+
+    trajs = _with_system_prompt(make_trajectories(6, seed=21), 24, seed=21)
+    # rows share exactly the 24 system tokens (their own prompts differ right after)
+    assert shared_prefix_length(build_batch(trajs, 0)) == 24
+    plain = Learner(tiny_model(21, arch), OptimConfig(micro_batch_size=6, delta=10.0, share_prefix=False))
+    shared = Learner(tiny_model(21, arch), OptimConfig(micro_batch_size=6, delta=10.0, share_prefix=True))
+    trajs = on_policy(trajs, plain.score(trajs), noise=0.05)
+    for a, b in zip(plain.score(trajs), shared.score(trajs), strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
+    g_plain, st_plain = _grads(plain, trajs)
+    g_shared, st_shared = _grads(shared, trajs)
+    assert st_shared.loss_sum == pytest.approx(st_plain.loss_sum, rel=1e-5, abs=1e-7)
+    assert g_plain.keys() == g_shared.keys()
+    for name, g in g_plain.items():
+        torch.testing.assert_close(g_shared[name], g, rtol=1e-4, atol=1e-6, msg=name)
+    # the embedding of a system-prompt token gets gradient only through the prefix's repeated KV
+    emb = "model.embed_tokens.weight"
+    assert g_shared[emb][trajs[0].token_ids[0]].abs().sum() > 0
+    assert calls == [24, 24]  # one scoring pass and one training pass took the shared path
+    # activation checkpointing drops the KV cache in training: the plain pass runs instead
+    calls.clear()
+    ckpt = Learner(tiny_model(21, arch), OptimConfig(micro_batch_size=6, delta=10.0, gradient_checkpointing=True))
+    g_ckpt, _ = _grads(ckpt, trajs)
+    assert calls == []
+    torch.testing.assert_close(g_ckpt[emb], g_plain[emb], rtol=1e-4, atol=1e-6)
+
+
+def test_shared_prefix_length_stops_at_the_first_policy_token_and_differing_tokens():
+    from agentenv.trainer.batching import build_batch
+    from agentenv.trainer.learner import shared_prefix_length
+
+    a = Trajectory(id="a")
+    a.append_environment_tokens([5, 6, 7, 8])
+    a.append_policy_tokens([9, 10], [-1.0, -1.0], 0, 0)
+    b = Trajectory(id="b")
+    b.append_environment_tokens([5, 6, 7, 8])
+    b.append_policy_tokens([9, 11, 12], [-1.0, -1.0, -1.0], 0, 0)
+    # label 3 (predicting token 4, the first policy token) needs position 3's output: prefix 3
+    assert shared_prefix_length(build_batch([a, b], 0)) == 3
+    c = Trajectory(id="c")
+    c.append_environment_tokens([5, 6, 1, 8, 2])
+    c.append_policy_tokens([9], [-1.0], 0, 0)
+    assert shared_prefix_length(build_batch([a, c], 0)) == 2
+    assert shared_prefix_length(build_batch([a], 0)) == 0

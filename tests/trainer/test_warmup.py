@@ -13,13 +13,15 @@ from agentenv.trainer.warmup import WarmupConfig, sft_warmup
 from .conftest import VOCAB, tiny_model
 
 
-def _examples(n: int, seed: int) -> list[tuple[list[int], list[bool]]]:
+def _examples(n: int, seed: int, system: int = 0) -> list[tuple[list[int], list[bool]]]:
+    """``n`` transcripts; with ``system`` > 0 they all start with the same ``system`` prompt tokens."""
     rng = random.Random(seed)
+    prompt = [rng.randrange(1, VOCAB) for _ in range(system)]
     out = []
     for _ in range(n):
         length = rng.randint(6, 14)
-        ids = [rng.randrange(1, VOCAB) for _ in range(length)]
-        mask = [False] * 3 + [rng.random() < 0.6 for _ in range(length - 3)]
+        ids = prompt + [rng.randrange(1, VOCAB) for _ in range(length)]
+        mask = [False] * (system + 3) + [rng.random() < 0.6 for _ in range(length - 3)]
         mask[-1] = True
         out.append((ids, mask))
     return out
@@ -38,8 +40,9 @@ def _padded_token_mean_nll(model, batch) -> torch.Tensor:
     return nll[mask[:, 1:]].mean()
 
 
-def test_one_step_equals_an_adamw_step_on_the_padded_batch_loss():
-    examples = _examples(3, seed=1)
+@pytest.mark.parametrize("system", [0, 20])  # 20: the shared-prefix pass of token_logprobs
+def test_one_step_equals_an_adamw_step_on_the_padded_batch_loss(system):
+    examples = _examples(3, seed=1, system=system)
     cfg = WarmupConfig(steps=1, batch_size=3, lr=1e-2, num_examples=3, seed=0)
     ours, ref = tiny_model(21), tiny_model(21)
     # the warm-up draws the batch from a shuffled order; with batch = all examples it is a permutation
@@ -52,7 +55,10 @@ def test_one_step_equals_an_adamw_step_on_the_padded_batch_loss():
     torch.nn.utils.clip_grad_norm_(ref.parameters(), 1.0)
     opt.step()
     for (name, p), q in zip(ours.named_parameters(), ref.parameters(), strict=True):
-        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-6, msg=name)
+        # AdamW's first step is lr * sign(g): where |g| is at rounding level (a few entries once the
+        # prefix pass reorders the sums) the sign is arbitrary, so those entries are not compared
+        sure = q.grad.abs() > 1e-6
+        torch.testing.assert_close(p[sure], q[sure], rtol=1e-4, atol=1e-6, msg=name)
 
 
 def test_loss_falls_on_a_repeated_transcript():
