@@ -10,9 +10,9 @@ renders observations with the model's chat template.
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, ClassVar, Generic, TypeVar
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
+from typing import Any, ClassVar, Generic, NamedTuple, TypeVar
 
 import numpy as np
 from gymnasium import spaces
@@ -36,28 +36,26 @@ def text_space(max_length: int = 65_536) -> spaces.Text:
     return spaces.Text(max_length=max_length, min_length=0, charset="".join(sorted(TEXT_CHARSET)))
 
 
-@dataclass(frozen=True)
-class StepResult(Generic[ObsT]):
-    """What one ``Env.step`` returns.
+class StepResult(NamedTuple, Generic[ObsT]):
+    """What one ``Env.step`` returns: Gymnasium's 5-tuple with names.
 
-    Unpacks like Gymnasium's 5-tuple: ``obs, reward, terminated, truncated, info = await env.step(a)``.
+    It is a tuple, so everything Gymnasium users write works: ``obs, reward, terminated, truncated,
+    info = await env.step(a)``, ``(await env.step(a))[1]``, ``len(result) == 5``; the fields also
+    read by name.
 
     Attributes:
         observation: The next observation (text for every built-in environment).
         reward: Scalar reward for this step (the built-in environments pay 1.0 on success at the end).
         terminated: The episode reached a terminal state of the task (solved, failed, answered).
         truncated: The episode was cut by a limit outside the task (turns, steps, tokens).
-        info: Diagnostics; never needed to play the game.
+        info: Diagnostics; never needed to play the game (default: an empty read-only mapping).
     """
 
     observation: ObsT
     reward: float
     terminated: bool
     truncated: bool
-    info: Mapping[str, Any] = field(default_factory=dict)
-
-    def __iter__(self) -> Iterator[Any]:
-        return iter((self.observation, self.reward, self.terminated, self.truncated, self.info))
+    info: Mapping[str, Any] = MappingProxyType({})
 
 
 class Env(abc.ABC, Generic[ObsT, ActT]):

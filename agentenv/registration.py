@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import inspect
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from agentenv.core import Env
-from agentenv.errors import EnvNotFound, RegistrationError
+from agentenv.errors import ConfigError, EnvNotFound, RegistrationError
 
 logger = logging.getLogger(__name__)
 
@@ -129,12 +130,33 @@ def make(id: str, **kwargs: Any) -> Env:
     Raises:
         EnvNotFound: ``id`` is not registered.
         RegistrationError: The entry point cannot be imported.
+        ConfigError: A keyword argument the environment's constructor does not take (e.g. a recipe's
+            ``env.kwargs`` written for another environment); the message lists the ones it takes.
     """
     env_spec = spec(id)
-    env = env_spec.load()(**{**env_spec.kwargs, **kwargs})
+    entry = env_spec.load()
+    merged = {**env_spec.kwargs, **kwargs}
+    accepted = constructor_parameters(entry)
+    unknown = sorted(set(merged) - set(accepted)) if accepted is not None else []
+    if unknown:
+        raise ConfigError(f"environment {id!r} does not take {', '.join(map(repr, unknown))}; it takes: "
+                          f"{', '.join(accepted) or 'no keyword arguments'} (check env.kwargs in the recipe)")
+    env = entry(**merged)
     if not isinstance(env, Env):
         raise RegistrationError(f"{id!r} built {type(env).__name__}, which is not an agentenv Env")
     return env
+
+
+def constructor_parameters(entry: Callable[..., Any]) -> list[str] | None:
+    """The keyword arguments ``entry`` (an Env class or factory) takes, in order; None if it takes ``**kwargs``."""
+    try:
+        sig = inspect.signature(entry)
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in sig.parameters.values()):
+        return None
+    return [name for name, p in sig.parameters.items()
+            if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
 
 
 def _register_builtins() -> None:

@@ -37,6 +37,24 @@ def test_register_make_and_override(clean_ids) -> None:
     assert agentenv.make("tests/Callable-v0", high=2).high == 2
 
 
+def test_keyword_arguments_the_env_does_not_take_are_a_config_error(clean_ids) -> None:
+    """Another env's recipe kwargs (python_tool's ``dataset``) name the env's own parameters, no TypeError."""
+    from agentenv.errors import ConfigError
+
+    clean_ids.append("tests/Repeat-v0")
+    agentenv.register("tests/Repeat-v0", "tests.tiny_env:RepeatNumberEnv")
+    takes = r"'tests/Repeat-v0' does not take 'dataset', 'max_turns'; it takes: high, max_tries"
+    with pytest.raises(ConfigError, match=takes):
+        agentenv.make("tests/Repeat-v0", dataset="math_train", max_turns=4)
+    # registered defaults are checked too; a factory taking **kwargs is not second-guessed
+    clean_ids += ["tests/BadDefault-v0", "tests/Anything-v0"]
+    agentenv.register("tests/BadDefault-v0", RepeatNumberEnv, hihg=3)
+    with pytest.raises(ConfigError, match="'hihg'"):
+        agentenv.make("tests/BadDefault-v0")
+    agentenv.register("tests/Anything-v0", lambda **kw: RepeatNumberEnv(high=kw.get("high", 3)))
+    assert agentenv.make("tests/Anything-v0", unused=1).high == 3
+
+
 def test_duplicate_id_raises(clean_ids) -> None:
     clean_ids.append("tests/Dup-v0")
     agentenv.register("tests/Dup-v0", RepeatNumberEnv)

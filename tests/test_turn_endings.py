@@ -113,5 +113,14 @@ def test_shipped_envs_declare_their_cut_turn_policy(env_id, expected):
     assert cls.cut_turn == expected
 
 
-def test_step_result_still_unpacks():
-    assert tuple(StepResult("o", 1.0, True, False, {})) == ("o", 1.0, True, False, {})
+def test_step_result_is_gymnasiums_five_tuple():
+    r = StepResult("o", 1.0, True, False, {"k": 2})
+    assert tuple(r) == ("o", 1.0, True, False, {"k": 2})
+    # what Gymnasium users index: env.step(a)[0] raised TypeError while StepResult was a dataclass
+    assert (r[0], r[1], r[2], r[3], r[4]) == ("o", 1.0, True, False, {"k": 2}) and r[-1] == {"k": 2}
+    assert isinstance(r, tuple) and len(r) == 5 and r[:2] == ("o", 1.0)
+    assert (r.observation, r.reward, r.terminated, r.truncated) == ("o", 1.0, True, False)
+    obs, reward, terminated, truncated, info = StepResult("x", 0.0, False, True)
+    assert (obs, reward, terminated, truncated, dict(info)) == ("x", 0.0, False, True, {})
+    with pytest.raises(TypeError):  # the default info is read-only: no episode can leak into another's
+        StepResult("x", 0.0, False, False).info["k"] = 1
