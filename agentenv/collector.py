@@ -129,6 +129,8 @@ class RolloutCollector:
             ones are not finished).
         episodes_failed: Finished episodes that failed (each attempt counts; also ``errors``).
         episodes_retried: Failed episodes that were replayed.
+        stragglers: Finished episodes that ran past a deadline (``rollout.episode_deadline_s`` or
+            ``turn_deadline_s``), truncated or failed as ``rollout.on_deadline`` says.
         tasks_dropped: Tasks (groups) dropped after ``max_retries + 1`` failures of one member.
         episodes_discarded: Good episodes not handed on (their group was dropped, or handing on
             raised).
@@ -196,6 +198,7 @@ class RolloutCollector:
         self.episodes_finished = 0
         self.episodes_failed = 0
         self.episodes_retried = 0
+        self.stragglers = 0
         self.tasks_dropped = 0
         self.episodes_discarded = 0
         self.episodes_delivered = 0
@@ -312,6 +315,7 @@ class RolloutCollector:
         except Exception as exc:  # run_episode records failures itself; this guards against the rest
             traj = Trajectory(status="error", info={"error": f"{type(exc).__name__}: {exc}"})
         self.episodes_finished += 1
+        self.stragglers += bool(traj.info.get("straggler"))
         traj.info["seed"] = group.seed
         traj.info["attempt"] = group.failures[m]
         traj.info["group"] = group.key
@@ -483,12 +487,12 @@ class RolloutCollector:
     def report_counts(self) -> dict[str, int]:
         """Failure counters for one metrics row: totals, and the change since the previous call.
 
-        Keys: ``failed``/``retried``/``dropped_tasks`` (since the previous call) and their
+        Keys: ``failed``/``retried``/``dropped_tasks``/``stragglers`` (since the previous call) and their
         ``*_total``; ``discarded_total``, ``delivery_errors_total``, ``worker_restarts_total``,
         ``failure_streak``. Call once per update.
         """
         totals = {"failed": self.episodes_failed, "retried": self.episodes_retried,
-                  "dropped_tasks": self.tasks_dropped}
+                  "dropped_tasks": self.tasks_dropped, "stragglers": self.stragglers}
         row = {k: v - self._reported.get(k, 0) for k, v in totals.items()}
         row.update({f"{k}_total": v for k, v in totals.items()})
         row.update(discarded_total=self.episodes_discarded, delivery_errors_total=self.delivery_errors,

@@ -10,11 +10,12 @@ raised, so one broken episode never stops a run.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol, TypeVar
 
 from agentenv.core import Env
 from agentenv.engines.base import GenerationEngine, GenerationOutput, SamplingParams
@@ -56,6 +57,15 @@ class RolloutConfig:
         top_p: Nucleus mass in (0, 1] (the paper's default is 1).
         top_k: Keep only the k most likely tokens before top-p (k >= 1); None or 0 is off (the
             default); a negative value raises ``ConfigError``.
+        episode_deadline_s: Wall-clock budget of a whole episode (seconds: reset, generation and
+            environment steps); None is no deadline. An episode past it is a *straggler*.
+        turn_deadline_s: Wall-clock budget of one assistant turn's generation (seconds); None is
+            none. A turn past it is cancelled in the engine (its partial tokens are dropped).
+        on_deadline: What a straggler becomes. ``"truncate"`` (default): the episode ends where it
+            is, keeping the turns it finished and the reward it has (``info["truncation"] =
+            "deadline"``); ``"requeue"``: the episode fails (status ``"error"``), so the collector
+            replays its task (a bounded number of times) and it never enters a batch. Either way
+            ``info["straggler"]`` names what ran out (``"turn"``, ``"episode"``).
     """
 
     max_turns: int = 4
@@ -64,6 +74,9 @@ class RolloutConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int | None = None
+    episode_deadline_s: float | None = None
+    turn_deadline_s: float | None = None
+    on_deadline: Literal["truncate", "requeue"] = "truncate"
 
     def __post_init__(self) -> None:
         if self.max_turns < 1:
@@ -77,6 +90,12 @@ class RolloutConfig:
         from agentenv.engines.sampling import check_top_k  # the engines' own rule for top_k
 
         check_top_k(self.top_k)
+        for name in ("episode_deadline_s", "turn_deadline_s"):
+            value = getattr(self, name)
+            if value is not None and not 0 < value < float("inf"):
+                raise ConfigError(f"rollout.{name} must be a number of seconds > 0 or null, got {value!r}")
+        if self.on_deadline not in ("truncate", "requeue"):
+            raise ConfigError(f"rollout.on_deadline must be 'truncate' or 'requeue', got {self.on_deadline!r}")
 
 
 #: Turn endings that are token-budget cuts: the reply stopped before its end-of-turn token.
@@ -111,6 +130,44 @@ def turn_ending(out: GenerationOutput, stop_token_ids: tuple[int, ...], *, budge
 def is_token_budget_cut(traj: Trajectory) -> bool:
     """Whether a token budget (per turn, total or context) ended ``traj`` (see ``info["truncation"]``)."""
     return traj.info.get("truncation") in TOKEN_BUDGET_ENDINGS
+
+
+_T = TypeVar("_T")
+
+
+class _DeadlineHit(Exception):
+    """A turn or the episode ran past its wall-clock deadline (``what``: ``"turn"`` or ``"episode"``)."""
+
+    def __init__(self, what: str, seconds: float) -> None:
+        super().__init__(f"{what} deadline of {seconds:g} s passed")
+        self.what = what
+
+
+class _Clock:
+    """The deadlines of one episode (monotonic seconds)."""
+
+    def __init__(self, cfg: RolloutConfig) -> None:
+        self.cfg = cfg
+        self.end = None if cfg.episode_deadline_s is None else time.monotonic() + cfg.episode_deadline_s
+
+    async def within(self, call: Awaitable[_T], *, turn: bool = False) -> _T:
+        """Await ``call`` until the episode's (and for a turn, the turn's) deadline; cancel it after.
+
+        Raises:
+            _DeadlineHit: The deadline passed first (``call`` was cancelled).
+        """
+        limits = []
+        if self.end is not None:
+            limits.append((self.end - time.monotonic(), "episode", self.cfg.episode_deadline_s))
+        if turn and self.cfg.turn_deadline_s is not None:
+            limits.append((self.cfg.turn_deadline_s, "turn", self.cfg.turn_deadline_s))
+        if not limits:
+            return await call
+        left, what, seconds = min(limits)
+        try:
+            return await asyncio.wait_for(call, timeout=max(left, 0.0))
+        except TimeoutError:
+            raise _DeadlineHit(what, seconds) from None
 
 
 def _append_output(traj: Trajectory, out: GenerationOutput) -> None:
@@ -152,18 +209,20 @@ async def run_episode(
         The trajectory. ``status`` is ``"error"`` (with ``info["error"]``) when the environment or
         the engine raised; ``info["truncation"]`` names the budget that cut the episode, if any;
         ``info["turns"]`` counts assistant turns and ``info["turn_endings"]`` says how each turn
-        ended (:func:`turn_ending`). A turn cut by a token budget is handed to the environment only
-        when ``env.cut_turn == "act"`` (:class:`agentenv.core.Env`). This function does not raise
-        for those.
+        ended (:func:`turn_ending`, or ``"deadline"``). A turn cut by a token budget is handed to the
+        environment only when ``env.cut_turn == "act"`` (:class:`agentenv.core.Env`). A deadline
+        (``cfg.episode_deadline_s``, ``cfg.turn_deadline_s``) ends the episode as ``cfg.on_deadline``
+        says, with ``info["straggler"]`` set. This function does not raise for those.
     """
     current_version = version_fn or (lambda: engine.version)
     traj = Trajectory(start_version=current_version(), start_time=time.time())
     info: dict[str, Any] = {"turns": 0, "truncation": None, "turn_endings": []}
     cut_turn = getattr(env, "cut_turn", "end")
+    clock = _Clock(cfg)
     try:
         if cut_turn not in ("end", "act"):
             raise ConfigError(f"{type(env).__name__}.cut_turn must be 'end' or 'act', got {cut_turn!r}")
-        obs, reset_info = await env.reset(seed=seed, options=options)
+        obs, reset_info = await clock.within(env.reset(seed=seed, options=options))
         info.update(reset_info)
         traj.task_id = str(reset_info.get("task_id", seed))
         prompt = renderer.initial_prompt(obs, system=env.system_prompt, tools=list(env.tools))
@@ -184,7 +243,11 @@ async def run_episode(
                 top_k=cfg.top_k,
                 stop_token_ids=tuple(renderer.stop_token_ids),
             )
-            out = await engine.generate(traj.token_ids, params)
+            try:
+                out = await clock.within(engine.generate(traj.token_ids, params), turn=True)
+            except _DeadlineHit:
+                info["turn_endings"].append("deadline")
+                raise
             _append_output(traj, out)
             info["turns"] += 1
             ending = turn_ending(out, renderer.stop_token_ids, budget=budget, per_turn=cfg.max_new_tokens_per_turn,
@@ -195,7 +258,7 @@ async def run_episode(
                 info["truncation"] = ending  # never graded: the episode keeps the reward it has
                 break
             reply = renderer.decode(out.token_ids)
-            result = await env.step(reply)
+            result = await clock.within(env.step(reply))
             traj.reward += float(result.reward)
             info.update(result.info)
             if result.terminated or result.truncated:
@@ -218,6 +281,12 @@ async def run_episode(
                 info["truncation"] = "context"
                 break
             traj.append_environment_tokens(obs_ids)
+    except _DeadlineHit as exc:
+        info["truncation"], info["straggler"] = "deadline", exc.what
+        if cfg.on_deadline == "requeue":
+            traj.status = "error"
+            info["error"] = f"straggler: {exc}"
+        logger.info("episode %s: %s (%s)", traj.id, exc, cfg.on_deadline)
     except (EngineError, TemplateError) as exc:
         traj.status = "error"
         info["error"] = f"{type(exc).__name__}: {exc}"
