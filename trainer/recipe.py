@@ -262,8 +262,8 @@ async def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False,
             stats = await asyncio.to_thread(learner.update, selection.batch, scores=selection.scores)
             update_s = time.time() - t_update
             batches += 1
-            if stats.stepped:
-                await engine.update_weights(learner.weights_for_engine(), learner.version)
+            if stats.stepped:  # the state-dict copy runs in a worker thread too
+                await engine.update_weights(await asyncio.to_thread(learner.weights_for_engine), learner.version)
 
             # 5. logging: one row per consumed batch (``update`` is the policy version after it)
             row = setup.update_metrics(learner.version, selection, stats, pool, collector, wait_s, update_s, t_start,
@@ -278,7 +278,9 @@ async def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False,
             progress.set_postfix(setup.postfix(row), refresh=False)
             progress.update(int(stats.stepped))
             if stats.stepped and learner.version % cfg.run.checkpoint_every == 0:
-                checkpoints.save(learner, extra={"pool": pool.state_dict(), "next_seed": collector.next_seed})
+                # the pool's state is taken on the loop (it changes there); the write runs in a thread
+                extra = {"pool": pool.state_dict(), "next_seed": collector.next_seed}
+                await asyncio.to_thread(checkpoints.save, learner, extra=extra)
                 saved_version = learner.version
             summary = row
     finally:
@@ -295,7 +297,7 @@ async def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False,
                 summary["eval/after"] = after
         await engine.close()
         metrics.close()
-        plot_run(run_dir)
+        await asyncio.to_thread(plot_run, run_dir)
     before, after = run_dir / "eval_before.json", run_dir / "eval_after.json"
     if before.exists():
         summary["eval/before"] = json.loads(before.read_text())["success_rate"]
@@ -343,18 +345,62 @@ async def next_batch(pool: TrajectoryPool, learner: Any, cfg: TrainConfig, stop:
             broken environment, sandbox or engine); the message carries the last error. Checked
             every 50 ms, so an asynchronous run stops within that of the collector's limit.
     """
-    scorer = learner.score if cfg.staleness.policy == "pace" and cfg.staleness.drift_mode == "scoring" else None
+    scoring = cfg.staleness.policy == "pace" and cfg.staleness.drift_mode == "scoring"
+    scores = OffLoopScores(learner) if scoring else None
     while not stop.is_set():
         if collector.failure_streak >= failure_limit(cfg.run.concurrency):
             raise AgentEnvError(f"the last {collector.failure_streak} episodes all failed; "
                                 f"the latest with: {collector.last_error}")
         if len(pool) >= cfg.run.batch_size:
+            if scores is not None:  # the forward passes run in a worker thread, episodes go on
+                await scores.prepare(pool.trajectories)
+            scorer = scores.lookup if scores is not None else None
             selection = pool.select_batch(cfg.run.batch_size, learner.version, drift_scorer=scorer)
             on_decision(selection)
             if selection.batch:
                 return selection
         await asyncio.sleep(0.05)
     return None
+
+
+class OffLoopScores:
+    """PACE's scoring passes (current log pi of pooled trajectories) computed off the event loop.
+
+    ``TrajectoryPool.select_batch`` calls its drift scorer synchronously; a forward pass there would
+    stall every episode of the collector for its length. :meth:`prepare` scores the pooled
+    trajectories not yet scored at the learner's version in a worker thread (the pool is only read,
+    on the loop, for the list); :meth:`lookup`, the scorer handed to the pool, then answers from
+    that cache and scores on the loop only what arrived after ``prepare`` (a trajectory or two).
+    Scores are valid for one policy version; the cache is dropped when the version moves.
+    """
+
+    def __init__(self, learner: Any) -> None:
+        self.learner = learner
+        self.version = learner.version
+        self.cache: dict[str, torch.Tensor] = {}
+        self.scored_on_loop = 0  # trajectories that missed the off-loop pass (counted for tests)
+
+    def _sync(self) -> None:
+        if self.learner.version != self.version:
+            self.version, self.cache = self.learner.version, {}
+
+    async def prepare(self, trajectories: list[Any]) -> None:
+        """Score, in a worker thread, those of ``trajectories`` not cached at the current version."""
+        self._sync()
+        todo = [t for t in trajectories if t.id not in self.cache]
+        if todo:
+            out = await asyncio.to_thread(self.learner.score, todo)
+            self._sync()  # the version cannot move while the loop waits for a batch; checked anyway
+            self.cache.update(zip((t.id for t in todo), out, strict=True))
+
+    def lookup(self, trajectories: list[Any]) -> list[torch.Tensor]:
+        """The drift scorer for ``select_batch``: cached scores, missing ones computed here."""
+        self._sync()
+        missing = [t for t in trajectories if t.id not in self.cache]
+        if missing:
+            self.scored_on_loop += len(missing)
+            self.cache.update(zip((t.id for t in missing), self.learner.score(missing), strict=True))
+        return [self.cache[t.id] for t in trajectories]
 
 
 def main(argv: list[str] | None = None) -> int:
