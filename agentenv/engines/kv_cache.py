@@ -67,6 +67,23 @@ def select_rows(cache: DynamicCache, keep: Sequence[int], trim: int) -> None:
         layer.values = layer.values.index_select(0, index)[..., trim:, :]
 
 
+def row(cache: DynamicCache, index: int, length: int, config: object) -> DynamicCache:
+    """A new one-row, unpadded cache holding row ``index``'s last ``length`` positions (copied).
+
+    Args:
+        cache: A left-padded batch cache (see the module docstring).
+        index: The row.
+        length: Its real positions (the right end of the cache).
+        config: The model config (``DynamicCache(config=...)``).
+    """
+    out = DynamicCache(config=config)
+    for layer_idx, layer in enumerate(cache.layers):
+        keys = layer.keys[index : index + 1, :, layer.keys.shape[-2] - length :, :].clone()
+        values = layer.values[index : index + 1, :, layer.values.shape[-2] - length :, :].clone()
+        out.update(keys, values, layer_idx)
+    return out
+
+
 def attention_mask(real_lengths: Sequence[int], total: int, device: torch.device) -> torch.Tensor:
     """``(B, total)`` long mask: row ``i`` is 0 on its ``total - real_lengths[i]`` pad columns, 1 after."""
     n = torch.tensor(list(real_lengths), device=device)

@@ -16,6 +16,7 @@ tokens it already has.
 from __future__ import annotations
 
 import asyncio
+import collections
 import copy
 import inspect
 import queue
@@ -102,6 +103,57 @@ class SharedPrefix:
         self.ids, self.cache, self.version = ids[:n], kept, version
 
 
+class TurnCache:
+    """KV caches of finished replies, so that an episode's next turn prefills only what was appended.
+
+    In a multi-turn episode the next prompt is the previous prompt, the reply just sampled and the
+    observation. When a row finishes, its KV cache (the prompt and the reply's tokens but the last,
+    one row, unpadded) is kept here under the ids it covers; a later request whose prompt extends
+    those ids, under the same policy version, takes the cache (each is used once) and prefills only
+    the rest: the reply's last token and the observation. Only caches computed entirely by the
+    serving weights are kept, and a weight update clears them, so ``prefix_version`` stays truthful.
+
+    Args:
+        capacity: Caches kept (the oldest is dropped first); 0 disables the cache.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._entries: collections.OrderedDict[tuple[int, ...], tuple[DynamicCache, int]] = collections.OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def put(self, ids: Sequence[int], cache: DynamicCache, version: int) -> None:
+        """Keep ``cache`` (one row holding exactly ``ids``) computed under ``version``."""
+        if self.capacity <= 0:
+            return
+        self._entries[tuple(ids)] = (cache, version)
+        self._entries.move_to_end(tuple(ids))
+        while len(self._entries) > self.capacity:
+            self._entries.popitem(last=False)
+
+    def take(self, ids: Sequence[int], version: int) -> tuple[DynamicCache, int] | None:
+        """The longest kept cache of ``version`` whose ids are a strict prefix of ``ids``, removed; or None.
+
+        Returns:
+            ``(cache, n)``: the cache holds ``ids[:n]``.
+        """
+        best = None
+        for key, (_, v) in self._entries.items():
+            n = len(key)
+            if v == version and n < len(ids) and (best is None or n > len(best)) and tuple(ids[:n]) == key:
+                best = key
+        if best is None:
+            return None
+        cache, _ = self._entries.pop(best)
+        return cache, len(best)
+
+    def clear(self) -> None:
+        """Drop every kept cache (after a weight update)."""
+        self._entries.clear()
+
+
 def _resolve(
     req_loop: asyncio.AbstractEventLoop,
     fut: asyncio.Future,
@@ -135,6 +187,8 @@ class TransformersEngine:
         max_context_tokens: Prompt + output limit (tokens); default ``model.config.max_position_embeddings``.
         seed: Seeds the engine generator that requests without their own seed draw from.
         version: Policy version of the initial weights.
+        turn_cache: Finished replies' KV caches kept for the episode's next turn (:class:`TurnCache`);
+            default ``2 * max_batch_size``; 0 disables it.
 
     Raises:
         ConfigError: A non-positive batch size or context limit.
@@ -150,6 +204,7 @@ class TransformersEngine:
         max_context_tokens: int | None = None,
         seed: int = 0,
         version: int = 0,
+        turn_cache: int | None = None,
     ) -> None:
         if max_batch_size < 1:
             raise ConfigError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -181,6 +236,9 @@ class TransformersEngine:
         self.prefill_tokens = 0
         """Prompt tokens actually computed by prefills (tokens; the shared prefix's reuses excluded)."""
         self._shared = SharedPrefix()
+        self._turns = TurnCache(2 * max_batch_size if turn_cache is None else turn_cache)
+        self.num_turn_hits = 0
+        """Prefills that continued a finished reply's KV cache (see :class:`TurnCache`)."""
 
     # ------------------------------------------------------------------ public API
     @property
@@ -346,8 +404,13 @@ class TransformersEngine:
 
     def _prefill(self, req: _Request, ids: list[int]) -> tuple[DynamicCache, torch.Tensor]:
         shared = self._shared
+        turn = self._turns.take(ids, self._version)
         n = len(shared.ids) if shared.serves(ids, self._version) else 0
-        if n:  # the system prompt and tool schemas every episode starts with: computed once per version
+        if turn is not None:  # the episode's previous turn: only the reply's last token and the observation
+            cache, n = turn
+            logits = self._forward(torch.tensor([ids[n:]], device=self._device), cache)
+            self.num_turn_hits += 1
+        elif n:  # the system prompt and tool schemas every episode starts with: computed once per version
             cache = copy.deepcopy(shared.cache)
             logits = self._forward(torch.tensor([ids[n:]], device=self._device), cache)
             self.num_prefix_hits += 1
@@ -394,6 +457,12 @@ class TransformersEngine:
                 _resolve(r.loop, r.future, error=error)
             batch.reset()
             return
+        if self._turns.capacity:
+            for i, (r, d) in enumerate(zip(rows, done, strict=True)):
+                if d and not r.cancelled and r.cache_version == self._version:
+                    cached = (r.prompt + r.tokens)[: r.n_cached]
+                    self._turns.put(cached, kv_cache.row(batch.cache, i, r.n_cached, self._model.config),
+                                    self._version)
         batch.keep([i for i, d in enumerate(done) if not d])
 
     def _sample_and_check(self, rows: list[_Request], logits: torch.Tensor) -> list[bool]:
@@ -441,6 +510,7 @@ class TransformersEngine:
             _resolve(upd.loop, upd.future, error=err)
             return
         self._version = upd.version
+        self._turns.clear()
         if self._continuation is ContinuationMode.RECOMPUTE and batch.rows:
             rows = list(batch.rows)
             batch.reset()

@@ -278,3 +278,32 @@ async def test_shared_prompt_prefix_is_reused_within_a_version_only(refs):
     ref = full_forward_logprobs(refs[1], prompts[0], again.token_ids)
     torch.testing.assert_close(torch.tensor(again.logprobs), ref, atol=1e-4, rtol=0)
     await engine.close()
+
+
+async def test_next_turn_continues_the_finished_replys_cache(refs):
+    """Turn 2 (prompt + reply + observation) prefills only the reply's last token and the observation."""
+    prompt = [3 + (5 * j) % 40 for j in range(12)]
+    params = SamplingParams(max_new_tokens=5, seed=3)
+    engine = TransformersEngine(tiny_random_model(seed=0), max_batch_size=2)
+    first = await engine.generate(prompt, params)
+    assert len(first.token_ids) == 5 and engine.prefill_tokens == 12
+    observation = [44, 45, 46]
+    second_prompt = prompt + first.token_ids + observation
+    second = await engine.generate(second_prompt, params)
+    assert engine.num_turn_hits == 1
+    assert engine.prefill_tokens == 12 + 1 + 3  # the reply's last token was never fed, then the observation
+    ref = full_forward_logprobs(refs[0], second_prompt, second.token_ids)
+    torch.testing.assert_close(torch.tensor(second.logprobs), ref, atol=1e-4, rtol=0)
+    # each cache serves once; after new weights none is kept from the old ones
+    third_prompt = second_prompt + second.token_ids + observation
+    await engine.update_weights(refs[1].state_dict(), 1)
+    third = await engine.generate(third_prompt, params)
+    assert engine.num_turn_hits == 1 and third.spans == [TokenSpan(5, 1, 1)]
+    ref = full_forward_logprobs(refs[1], third_prompt, third.token_ids)
+    torch.testing.assert_close(torch.tensor(third.logprobs), ref, atol=1e-4, rtol=0)
+    await engine.close()
+    off = TransformersEngine(tiny_random_model(seed=0), max_batch_size=2, turn_cache=0)
+    assert (await off.generate(prompt, params)).token_ids == first.token_ids
+    await off.generate(second_prompt, params)  # the cache is off: the whole prompt is prefilled again
+    assert off.num_turn_hits == 0 and off.prefill_tokens == 12 + len(second_prompt)
+    await off.close()
