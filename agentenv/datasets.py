@@ -1,6 +1,6 @@
 """Math problem sets by name, as uniform :class:`MathProblem` records.
 
-Files live in ``<data>/math`` (``agentenv.paths.data_dir()``; see the shared data README). Each
+Files live in ``<data>/math`` (``agentenv.paths.data_dir()``; see docs/architecture.md, "Data"). Each
 loader maps its file's own fields to ``(id, problem, answer, source)``; sets that list several
 accepted answers (Minerva, OlympiadBench) keep the others in ``alternatives``.
 """

@@ -1,6 +1,6 @@
 r"""Grading a final ``\\boxed{}`` answer with math-verify, in worker processes killed on a deadline.
 
-math-verify has two traps (DESIGN.md, "Known pitfalls"): its timeouts use ``signal.alarm``, which
+math-verify has two traps (docs/architecture.md, "Known pitfalls"): its timeouts use ``signal.alarm``, which
 raises outside the main thread, and with them off a pathological answer can hang the caller; and it
 reads several ``\\boxed{}`` in one text as a set. So:
 

@@ -2,7 +2,7 @@
 
 The pool owns the staleness policy (:class:`~agentenv.staleness.StalenessConfig`): ``none``
 (unfiltered asynchronous), ``max_lag`` (a fixed cap), ``pace`` (PACE's adaptive budget on effective
-staleness, DESIGN.md "Staleness, precisely") and ``sync`` (selected like ``none``; the loop runs no
+staleness, docs/algorithms.md, "PACE") and ``sync`` (selected like ``none``; the loop runs no
 overlap). Per-trajectory summaries (completion version, GS, older-token share, oldest version) are
 kept as numpy columns when a trajectory is added, so a decision over 10,000 candidates is a few
 vectorised passes rather than a walk over every segment.
@@ -306,7 +306,7 @@ class TrajectoryPool:
     def select_batch(
         self, batch_size: int, current_version: int, drift_scorer: DriftScorer | None = None
     ) -> BatchSelection:
-        """Apply the staleness policy and take a batch (DESIGN.md, "Staleness, precisely").
+        """Apply the staleness policy and take a batch (docs/algorithms.md, "Staleness policies").
 
         Args:
             batch_size: B, trajectories per optimizer step (>= 1; a multiple of ``group_size``).

@@ -1,6 +1,6 @@
 """Staleness control maths: PACE's effective staleness and adaptive rejection budget.
 
-Implements DESIGN.md, "Staleness, precisely" (our specification of PACE, Pool-Aware Control of
+Implements docs/algorithms.md, "Staleness" and "PACE" (our specification of PACE, Pool-Aware Control of
 Effective Staleness, arXiv 2609.36830). All quantities are in *policy versions* (optimizer steps).
 For candidate ``i`` in the pool, with consumption version ``v_now``:
 
@@ -36,7 +36,7 @@ LAG_MEASURES = ("mean", "max")
 
 @dataclass(frozen=True)
 class StalenessConfig:
-    """How the trajectory pool filters stale trajectories (DESIGN.md, "Staleness, precisely")."""
+    """How the trajectory pool filters stale trajectories (docs/algorithms.md, "Staleness policies")."""
 
     policy: str = "pace"
     """``"pace"`` (adaptive budget on effective staleness), ``"max_lag"`` (fixed cap), ``"none"``

@@ -10,7 +10,7 @@ error observation, so a malformed call costs the episode a turn, never the train
     {"name": "python", "arguments": {"code": "print(1)"}}
     </tool_call>
 
-It is lenient where models are sloppy in practice (DESIGN.md, "Known pitfalls"):
+It is lenient where models are sloppy in practice (docs/architecture.md, "Known pitfalls"):
 
 * raw line breaks and tabs inside JSON strings are accepted (``json.loads(strict=False)``);
 * ``arguments`` may be a JSON object or a string holding one (``"parameters"`` is read as an alias);

@@ -6,7 +6,7 @@ the policy version that sampled them; environment tokens (prompt, observations, 
 carry a loss-mask 0. A *segment* is a maximal run of policy tokens sampled under one policy version
 with one prefix version (AReaL records a version per token; we keep the run-length form).
 
-Staleness (DESIGN.md, "Staleness, precisely"), for policy tokens t = 1..T sampled under v_t,
+Staleness (docs/algorithms.md, "Staleness"), for policy tokens t = 1..T sampled under v_t,
 completion version v_c and consumption version v_now:
 
 * generation staleness  GS = (1/T) sum_t (v_c - v_t)

@@ -1,4 +1,4 @@
-"""Hand-computed checks of the PACE maths in agentenv.staleness (DESIGN.md, "Staleness, precisely")."""
+"""Hand-computed checks of the PACE maths in agentenv.staleness (docs/algorithms.md, "PACE")."""
 
 from __future__ import annotations
 

@@ -64,7 +64,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class OptimConfig:
-    """Optimizer and objective settings (paper defaults from DESIGN.md).
+    """Optimizer and objective settings (paper defaults: docs/algorithms.md, "FlashREINFORCE").
 
     Attributes:
         objective: ``"flash_reinforce"`` (the method) or ``"grpo"`` (the comparison baseline).

@@ -47,7 +47,7 @@ __all__ = [
     "masked_batch_mean_advantages",
 ]
 
-#: Probability clamp used by the gate only (DESIGN.md): p, q in [PROB_EPS, 1 - PROB_EPS].
+#: Probability clamp used by the gate only (docs/algorithms.md, "FlashREINFORCE"): p, q in [PROB_EPS, 1 - PROB_EPS].
 PROB_EPS = 1e-6
 #: Log-ratio clamp for rho = exp(clamp(log q - log p, -RHO_LOG_CLAMP, RHO_LOG_CLAMP)).
 RHO_LOG_CLAMP = 30.0
@@ -60,7 +60,7 @@ LOGPROB_TOL = 1e-4
 # ---------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class FlashReinforceConfig:
-    """FlashREINFORCE hyper-parameters (DESIGN.md, "FlashREINFORCE, precisely").
+    """FlashREINFORCE hyper-parameters (docs/algorithms.md, "FlashREINFORCE").
 
     Attributes:
         delta: Trust-gate threshold on the sequence-level Bernoulli-KL proxy ``D_i`` (nats); a row is
@@ -325,7 +325,7 @@ def bernoulli_kl_gate(
     mask: torch.Tensor,
     delta: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """FlashREINFORCE's sequence-level trust gate on a Bernoulli-KL proxy (DESIGN.md).
+    """FlashREINFORCE's sequence-level trust gate on a Bernoulli-KL proxy (docs/algorithms.md, "FlashREINFORCE").
 
     With ``p = mu(a_t)`` (behaviour) and ``q = pi_theta(a_t)`` (current), both clamped to
     ``[1e-6, 1 - 1e-6]`` here only, ``d_t = p log(p/q) + (1-p) log((1-p)/(1-q))``,
@@ -415,7 +415,7 @@ def flash_reinforce_loss(
     failed: torch.Tensor | None = None,
     row_ids: Sequence[str] | None = None,
 ) -> ObjectiveOutput:
-    """FlashREINFORCE sample-mean loss with the sequence-level Bernoulli-KL trust gate (DESIGN.md).
+    """FlashREINFORCE sample-mean loss with the sequence-level Bernoulli-KL trust gate (docs/algorithms.md).
 
     ``L = -(1/B) sum_i m_i (A_i / T_i) sum_t rho_it log pi_theta(a_it)``, with ``rho =
     exp(clamp(log q - log p, -30, 30))`` detached (float32 at least) and ``m_i`` the gate decision.

@@ -10,7 +10,7 @@ Weight updates (partial-rollout continuation):
 2. Wait until every in-flight stream has delivered the tokens sampled before the pause (the engine is
    paused, so the counts stop moving); the count is the token where the update landed. If the counts
    do not settle within ``settle_timeout_s``, the engine cannot say where, and the whole running
-   segment keeps the older version label (DESIGN.md, "Known pitfalls").
+   segment keeps the older version label (docs/architecture.md, "Known pitfalls").
 3. ``collective_rpc("reload_weights", weights_path=...)``: the workers read a safetensors folder (a
    state dict is written to one first), so no tensors go through the RPC channel.
 4. KEEP: resume; running requests keep the old KV cache (``prefix_version`` stays the oldest version

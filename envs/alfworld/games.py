@@ -1,6 +1,6 @@
 """ALFWorld game files: splits, task types, validation, and the cached train split.
 
-The data set (``../shared/data/alfworld``, see its README) holds one self-contained TextWorld game
+The data set (``../shared/data/alfworld``, see docs/architecture.md, "Data") holds one self-contained TextWorld game
 per ``json_2.1.1/<split>/<task folder>/<trial>/game.tw-pddl`` file (JSON with ``pddl_domain``,
 ``grammar``, ``pddl_problem``, ``solvable`` and ``walkthrough``). The train split ships as
 ``train.tar.gz``; it is extracted once into ``agentenv.paths.cache_dir("alfworld")`` and the shared

@@ -1,7 +1,7 @@
 """The walkthrough oracle: replays each game's stored walkthrough; it must win every game.
 
 It checks the whole stack (game files, TextWorld, wrappers, the environment, the concurrent
-evaluation runner) without a model: the data README reports 140/140 seen and 134/134 unseen wins.
+evaluation runner) without a model: 140/140 seen and 134/134 unseen wins (docs/architecture.md, "Data").
 Games run in ``workers`` processes (a reset costs about a second of CPU, and threads share one GIL),
 each playing its share through :func:`agentenv.evaluation.run_jobs`.
 """

@@ -7,7 +7,7 @@ i.e. ``token_level_loss=False``, ``global_batch_size=B``), one optimizer step pe
 Equal gradients on ordinary inputs; the exact known differences are asserted:
 
 * OpenRLHF divides a row's sum by ``T_i + 1e-8`` (relative 1e-8/T_i: inside the tolerance);
-* OpenRLHF does not clamp the log importance ratio; we clamp it to [-30, 30] (DESIGN.md);
+* OpenRLHF does not clamp the log importance ratio; we clamp it to [-30, 30] (docs/algorithms.md);
 * OpenRLHF's default token-level aggregation (``token-mean``) weighs row i by ``B * T_i / N``
   relative to the sample mean;
 * OpenRLHF's ``dp_size`` factor is the same compensation for DeepSpeed's rank averaging that our
@@ -153,7 +153,7 @@ def test_known_difference_token_mean_aggregation(orl):
     b, n = len(rewards), float(mask.sum())
     factor = (b * lengths.double() / n).unsqueeze(1)
     torch.testing.assert_close(g_tok, g_ours * factor, rtol=1e-7, atol=1e-12)
-    # and a row's total gradient then grows with its length, which ours does not (DESIGN.md)
+    # and a row's total gradient then grows with its length, which ours does not (docs/algorithms.md)
     assert not torch.allclose(g_tok, g_ours)
 
 
