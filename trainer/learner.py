@@ -139,6 +139,9 @@ class OptimConfig:
         if self.entropy_keep_fraction is not None:
             _check_fraction(self.entropy_keep_fraction)
         if self.objective == "grpo":
+            if self.truncation == "mask":
+                raise ConfigError("optim.truncation 'mask' is defined for FlashREINFORCE's batch baseline only; "
+                                  "with grpo use 'keep' or 'penalty'")
             if self.grpo_group_size < 2:
                 raise ConfigError(
                     f"GRPO needs grpo_group_size >= 2 (got {self.grpo_group_size}): with n = 1 the group "

@@ -93,7 +93,8 @@ def test_masked_baseline_edge_cases():
 
 
 @pytest.mark.parametrize("bad", [dict(truncation="drop"), dict(truncation_penalty=-1.0),
-                                 dict(objective="grpo", grpo_group_size=1)])
+                                 dict(objective="grpo", grpo_group_size=1),
+                                 dict(objective="grpo", grpo_group_size=4, truncation="mask")])
 def test_bad_objective_settings_are_config_errors(bad):
     with pytest.raises(ConfigError):
         OptimConfig(**bad)
