@@ -175,6 +175,10 @@ class BatchSelection:
     requeue_task_ids: list[str] = field(default_factory=list)
 
 
+#: Version of :meth:`TrajectoryPool.state_dict`'s layout; a checkpoint of another format is refused.
+POOL_STATE_FORMAT = 1
+
+
 class TrajectoryPool:
     """Completed trajectories in completion order, and the staleness policy that draws batches.
 
@@ -470,18 +474,22 @@ class TrajectoryPool:
     # -- checkpoints ------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """JSON-serialisable pool state: trajectories (oldest first), smoothed rate, step counter, group size."""
-        return {"trajectories": [t.to_dict() for t in self._trajs], "rate": self.rate, "step": self._step,
-                "group_size": self.group_size}
+        return {"format": POOL_STATE_FORMAT, "trajectories": [t.to_dict() for t in self._trajs], "rate": self.rate,
+                "step": self._step, "group_size": self.group_size}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Replace the pool's contents with a :meth:`state_dict`.
 
-        A state without ``group_size`` (written before groups existed) has groups of 1.
+        A state without ``group_size`` (written before groups existed) has groups of 1; one without
+        ``format`` is format 1.
 
         Raises:
             DataError: The state is malformed (missing key, bad trajectory record, a group size other
                 than this pool's, an incomplete group); the pool is unchanged.
         """
+        fmt = state.get("format", 1) if isinstance(state, dict) else None
+        if fmt != POOL_STATE_FORMAT:
+            raise DataError(f"bad pool state: format {fmt!r}, this agentenv reads format {POOL_STATE_FORMAT}")
         try:
             trajs = [Trajectory.from_dict(d) for d in state["trajectories"]]
             rate, step = float(state["rate"]), int(state["step"])

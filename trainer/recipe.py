@@ -206,9 +206,19 @@ async def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False,
         group_size=group_size,
         failure_limit=failure_limit(cfg.run.concurrency),
     )
+    identity = run_identity(cfg, group_size)
+
+    def checkpoint_extra() -> dict[str, Any]:  # taken on the loop: the pool and the seeds change there
+        return {"pool": pool.state_dict(), "next_seed": collector.next_seed, "identity": identity}
+
     if resume and latest_checkpoint(checkpoints.root) is not None:
         extra = checkpoints.load_latest(learner)
-        pool.load_state_dict(extra["pool"])
+        check_resumable(latest_checkpoint(checkpoints.root), extra, identity)
+        try:
+            pool.load_state_dict(extra["pool"])
+        except (KeyError, AgentEnvError) as exc:
+            raise RunFolderError(f"{latest_checkpoint(checkpoints.root)}: its pool state cannot be read "
+                                 f"({exc!r}); resume from another checkpoint or start afresh") from exc
         collector.next_seed = extra["next_seed"]
         if learner.version != engine.version:
             await engine.update_weights(learner.weights_for_engine(), learner.version)
@@ -279,8 +289,7 @@ async def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False,
             progress.update(int(stats.stepped))
             if stats.stepped and learner.version % cfg.run.checkpoint_every == 0:
                 # the pool's state is taken on the loop (it changes there); the write runs in a thread
-                extra = {"pool": pool.state_dict(), "next_seed": collector.next_seed}
-                await asyncio.to_thread(checkpoints.save, learner, extra=extra)
+                await asyncio.to_thread(checkpoints.save, learner, extra=checkpoint_extra())
                 saved_version = learner.version
             summary = row
     finally:
@@ -290,7 +299,7 @@ async def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False,
         await collector.close()
         train_s = time.time() - t_loop
         if learner.version != saved_version:
-            checkpoints.save(learner, extra={"pool": pool.state_dict(), "next_seed": collector.next_seed})
+            checkpoints.save(learner, extra=checkpoint_extra())
         if cfg.eval.problems and not stop.is_set() and learner.version > saved_at_start:
             after = await held_out(cfg, engine, renderer, run_dir, "after", stop)
             if after is not None:
@@ -329,6 +338,30 @@ async def held_out(cfg: TrainConfig, engine: Any, renderer: Any, run_dir: Path, 
     logger.info("held-out success %s training (version %d): %.3f over %d episodes", label, report.version,
                 report.success_rate, report.episodes)
     return report.success_rate
+
+
+def run_identity(cfg: TrainConfig, group_size: int) -> dict[str, Any]:
+    """What a checkpoint must match to be resumed by this run: model, environment, objective, group size."""
+    return {"model": cfg.model.name or "embedded SmolLM2-135M-Instruct", "env": cfg.env.id,
+            "objective": cfg.optim.objective, "group_size": group_size}
+
+
+def check_resumable(path: Path | None, extra: dict[str, Any], identity: dict[str, Any]) -> None:
+    """Refuse a checkpoint written by a run of another model, environment, objective or group size.
+
+    Raises:
+        RunFolderError: ``extra["identity"]`` differs from ``identity``; names the checkpoint and the
+            differing fields. A checkpoint written before identities were recorded is accepted.
+    """
+    saved = extra.get("identity")
+    if saved is None:
+        logger.warning("%s records no run identity (an older checkpoint): resuming without checking it", path)
+        return
+    diff = {k: (saved.get(k), v) for k, v in identity.items() if saved.get(k) != v}
+    if diff:
+        said = ", ".join(f"{k} {a!r} (this run: {b!r})" for k, (a, b) in diff.items())
+        raise RunFolderError(f"{path}: written by another run: {said}; resume it with its own config or "
+                             "start a new run folder")
 
 
 async def next_batch(pool: TrajectoryPool, learner: Any, cfg: TrainConfig, stop: asyncio.Event,
