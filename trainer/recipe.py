@@ -43,6 +43,7 @@ from agentenv.collector import RolloutCollector
 from agentenv.configio import apply_overrides, load_config, read_yaml, to_dict
 from agentenv.engines.busy import BusyTrackingEngine
 from agentenv.errors import AgentEnvError, ConfigError, Interrupted, RunFolderError
+from agentenv.malloc import release_free_heap
 from agentenv.models import check_model
 from agentenv.pool import TrajectoryPool
 from agentenv.trainer import setup
@@ -271,6 +272,7 @@ async def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False,
             t_update, consumed_at = time.time(), learner.version
             stats = await asyncio.to_thread(learner.update, selection.batch, scores=selection.scores)
             update_s = time.time() - t_update
+            await asyncio.to_thread(release_free_heap)  # the step's freed activations leave the process
             batches += 1
             if stats.stepped:  # the state-dict copy runs in a worker thread too
                 await engine.update_weights(await asyncio.to_thread(learner.weights_for_engine), learner.version)
@@ -328,6 +330,7 @@ async def held_out(cfg: TrainConfig, engine: Any, renderer: Any, run_dir: Path, 
     stopped = asyncio.ensure_future(stop.wait())
     await asyncio.wait({evaluation, stopped}, return_when=asyncio.FIRST_COMPLETED)
     stopped.cancel()
+    await asyncio.to_thread(release_free_heap)
     if not evaluation.done():
         evaluation.cancel()
         await asyncio.gather(evaluation, return_exceptions=True)
@@ -409,7 +412,7 @@ class OffLoopScores:
 
     def __init__(self, learner: Any) -> None:
         self.learner = learner
-        self.version = learner.version
+        self.version: int | None = None  # read at the first use
         self.cache: dict[str, torch.Tensor] = {}
         self.scored_on_loop = 0  # trajectories that missed the off-loop pass (counted for tests)
 
