@@ -14,8 +14,8 @@ import ctypes, importlib.util, sys
 spec = importlib.util.spec_from_file_location("malloc_under_test", sys.argv[1])
 module = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(module)
-if sys.argv[2] == "fixed":
-    assert module.return_freed_memory_to_os(1 << 20)
+if sys.argv[2] in ("fixed", "trimmed"):
+    assert module.return_freed_memory_to_os(1 << 20 if sys.argv[2] == "fixed" else 32 << 20)
 libc = ctypes.CDLL("libc.so.6")
 libc.malloc.restype = ctypes.c_void_p
 libc.free.argtypes = [ctypes.c_void_p]
@@ -38,6 +38,8 @@ for _ in range(40):
     keep.append(libc.malloc(256 << 10)); touch(keep[-1], 256 << 10)  # from the heap's top: pins what is below
 for p in blocks:
     libc.free(p)
+if sys.argv[2] == "trimmed":  # 8 MiB blocks are below the 32 MiB threshold: heap blocks, trimmed here
+    assert module.release_free_heap()
 print(rss_mb() - base - 40 * 0.25)
 """
 
@@ -52,3 +54,4 @@ def test_freed_blocks_above_the_threshold_leave_the_process():
 
     assert grown_mb("default") > 200  # glibc's own behaviour: the 320 MiB freed stay resident
     assert grown_mb("fixed") < 32  # with the threshold fixed they leave at once
+    assert grown_mb("trimmed") < 32  # below a 32 MiB threshold they are heap blocks; malloc_trim returns them
