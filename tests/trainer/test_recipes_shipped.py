@@ -73,4 +73,4 @@ def test_bad_learner_settings_fail_with_a_clear_error(argv, needle):
 
 def test_single_backend_accepts_any_batch_geometry():
     cfg, _ = parse_args(["optim.micro_batch_size=3"])  # accumulation handles a ragged last micro-batch
-    assert cfg.learner.backend == "single" and cfg.run.batch_size == 8
+    assert cfg.learner.backend == "single" and cfg.run.batch_size == 16 and 16 % 3
