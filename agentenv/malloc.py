@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import logging
 
 logger = logging.getLogger(__name__)
@@ -28,6 +29,12 @@ M_MMAP_THRESHOLD = -3  # mallopt parameter numbers, from glibc's <malloc.h>
 M_ARENA_MAX = -8
 
 __all__ = ["release_free_heap", "return_freed_memory_to_os"]
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    """The C library, loaded once (raises OSError where there is none to load)."""
+    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
 
 
 def return_freed_memory_to_os(threshold_bytes: int = 32 << 20, max_arenas: int | None = 2) -> bool:
@@ -43,9 +50,8 @@ def return_freed_memory_to_os(threshold_bytes: int = 32 << 20, max_arenas: int |
     Returns:
         True when glibc accepted the threshold; False elsewhere (musl, macOS: nothing changes).
     """
-    name = ctypes.util.find_library("c")
     try:
-        libc = ctypes.CDLL(name or "libc.so.6")
+        libc = _libc()
         ok = bool(libc.mallopt(M_MMAP_THRESHOLD, int(threshold_bytes)))
         if ok and max_arenas is not None:
             libc.mallopt(M_ARENA_MAX, int(max_arenas))
@@ -67,10 +73,8 @@ def release_free_heap() -> bool:
     Returns:
         True when glibc's ``malloc_trim`` ran; False elsewhere.
     """
-    name = ctypes.util.find_library("c")
     try:
-        libc = ctypes.CDLL(name or "libc.so.6")
-        libc.malloc_trim(0)
+        _libc().malloc_trim(0)
     except (OSError, AttributeError):
         return False
     return True

@@ -404,37 +404,27 @@ class OffLoopScores:
 
     ``TrajectoryPool.select_batch`` calls its drift scorer synchronously; a forward pass there would
     stall every episode of the collector for its length. :meth:`prepare` scores the pooled
-    trajectories not yet scored at the learner's version in a worker thread (the pool is only read,
-    on the loop, for the list); :meth:`lookup`, the scorer handed to the pool, then answers from
-    that cache and scores on the loop only what arrived after ``prepare`` (a trajectory or two).
-    Scores are valid for one policy version; the cache is dropped when the version moves.
+    trajectories not yet scored in a worker thread (the pool is only read, on the loop, for the
+    list); :meth:`lookup`, the scorer handed to the pool, then answers from that cache and scores on
+    the loop only what arrived after ``prepare`` (a trajectory or two). One instance serves one call
+    of :func:`next_batch`, during which the learner's version does not move, so the scores stay valid.
     """
 
     def __init__(self, learner: Any) -> None:
         self.learner = learner
-        self.version: int | None = None  # read at the first use
         self.cache: dict[str, torch.Tensor] = {}
-        self.scored_on_loop = 0  # trajectories that missed the off-loop pass (counted for tests)
-
-    def _sync(self) -> None:
-        if self.learner.version != self.version:
-            self.version, self.cache = self.learner.version, {}
 
     async def prepare(self, trajectories: list[Any]) -> None:
-        """Score, in a worker thread, those of ``trajectories`` not cached at the current version."""
-        self._sync()
+        """Score, in a worker thread, those of ``trajectories`` not cached yet."""
         todo = [t for t in trajectories if t.id not in self.cache]
         if todo:
             out = await asyncio.to_thread(self.learner.score, todo)
-            self._sync()  # the version cannot move while the loop waits for a batch; checked anyway
             self.cache.update(zip((t.id for t in todo), out, strict=True))
 
     def lookup(self, trajectories: list[Any]) -> list[torch.Tensor]:
         """The drift scorer for ``select_batch``: cached scores, missing ones computed here."""
-        self._sync()
         missing = [t for t in trajectories if t.id not in self.cache]
         if missing:
-            self.scored_on_loop += len(missing)
             self.cache.update(zip((t.id for t in missing), self.learner.score(missing), strict=True))
         return [self.cache[t.id] for t in trajectories]
 

@@ -167,13 +167,12 @@ def sft_warmup(
         policy = build_batch([_as_trajectory(x, m) for x, m in batch], pad_token_id=0)
         opt.zero_grad(set_to_none=True)
         lp, _ = token_logprobs(model, policy, share_prefix=True)
-        nll_sum = -lp[policy.loss_mask].sum()
-        (nll_sum / int(policy.loss_mask.sum())).backward()
-        loss_sum, total = float(nll_sum.detach()), int(policy.loss_mask.sum())
-        loss = torch.tensor(loss_sum / total)
+        total = int(policy.loss_mask.sum())
+        loss = -lp[policy.loss_mask].sum() / total
+        loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        losses.append(loss.item())
+        losses.append(float(loss.detach()))
         if log:
             log(step, losses[-1])
     model.eval()

@@ -128,8 +128,9 @@ class TurnCache:
         """Keep ``cache`` (one row holding exactly ``ids``) computed under ``version``."""
         if self.capacity <= 0:
             return
-        self._entries[tuple(ids)] = (cache, version)
-        self._entries.move_to_end(tuple(ids))
+        key = tuple(ids)
+        self._entries[key] = (cache, version)
+        self._entries.move_to_end(key)
         while len(self._entries) > self.capacity:
             self._entries.popitem(last=False)
 
