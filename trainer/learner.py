@@ -318,8 +318,10 @@ def _suffix_logits(model: torch.nn.Module, batch: PolicyBatch, n: int, keep: tor
     """
     from transformers import DynamicCache
 
+    from agentenv.engines.kv_cache import cache_keyword
+
     b, length = batch.input_ids.shape
-    cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    cache_kw = cache_keyword(model)
     cache = DynamicCache(config=model.config)
     model(input_ids=batch.input_ids[:1, :n], use_cache=True, logits_to_keep=1, **{cache_kw: cache})
     cache.batch_repeat_interleave(b)

@@ -13,6 +13,7 @@ positions, D head size.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 
 import torch
@@ -20,6 +21,11 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from agentenv.errors import EngineError
+
+
+def cache_keyword(model: torch.nn.Module) -> str:
+    """The keyword under which ``model.forward`` takes a KV cache (``cache``, or the older ``past_key_values``)."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 def check_plain_layers(cache: DynamicCache) -> None:

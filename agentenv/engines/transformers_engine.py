@@ -221,7 +221,7 @@ class TransformersEngine:
         self._generator = torch.Generator(device=self._device).manual_seed(seed)
         self._version = version
         params = inspect.signature(model.forward).parameters
-        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self._cache_kw = kv_cache.cache_keyword(model)
         # Only the last position's logits are used: skip the vocabulary projection of the rest of a prefill.
         self._last_logits_kw = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
