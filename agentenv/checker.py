@@ -8,6 +8,8 @@ In the manner of Gymnasium's ``utils/env_checker.py``, for asynchronous text env
 3. ``reset(seed=s)`` returns ``(observation, dict)`` with the observation inside the space; the
    same seed gives the same observation and generator state, and the unseeded reset after it is
    reproducible too; another seed gives another generator state;
+   if ``tasks()`` declares a :class:`~agentenv.core.TaskSet`, ``reset(options={"task": i})`` puts
+   ``ids[i]`` in ``info["task_id"]`` (first and last task);
 4. ``step`` returns a :class:`~agentenv.core.StepResult` with a finite float reward, bool flags,
    a mapping ``info`` and an observation inside the space; the same seed and action give the same
    result (timing keys the env lists in ``timing_info_keys`` excepted);
@@ -25,7 +27,7 @@ from typing import Any
 
 from gymnasium import spaces
 
-from agentenv.core import Env, StepResult
+from agentenv.core import Env, StepResult, TaskSet
 from agentenv.errors import EnvCheckError, ResetNeeded
 
 
@@ -77,6 +79,21 @@ def _comparable(env: Env, r: StepResult) -> tuple[Any, ...]:
 
 def _rng_state(env: Env) -> Any:
     return env.np_random.bit_generator.state
+
+
+async def _check_tasks(env: Env, seed: int) -> bool:
+    """Whether the env declares tasks (checking them if it does: first and last by index)."""
+    tasks = env.tasks()
+    if tasks is None:
+        return False
+    if not isinstance(tasks, TaskSet) or not len(tasks):
+        _fail(f"tasks() must return None or a non-empty TaskSet, got {tasks!r:.120}")
+    for i in dict.fromkeys((0, len(tasks) - 1)):
+        _, info = await env.reset(seed=seed, options={"task": i})
+        if info.get("task_id") != tasks.ids[i]:
+            _fail(f"reset(options={{'task': {i}}}) must give info['task_id'] == {tasks.ids[i]!r}, "
+                  f"got {info.get('task_id')!r}")
+    return True
 
 
 async def check_env(
@@ -151,6 +168,8 @@ async def check_env(
     if _rng_state(env) == state1:
         _fail("different seeds gave the same generator state (does reset call super().reset(seed=seed)?)")
     checks.append("reset_determinism")
+    if await _check_tasks(env, seed):
+        checks.append("tasks_by_index")
 
     # 4. step types and determinism
     a = action(1)

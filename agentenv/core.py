@@ -10,7 +10,8 @@ renders observations with the model's chat template.
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, ClassVar, Generic, NamedTuple, TypeVar
 
@@ -58,6 +59,41 @@ class StepResult(NamedTuple, Generic[ObsT]):
     info: Mapping[str, Any] = MappingProxyType({})
 
 
+@dataclass(frozen=True)
+class TaskSet:
+    """The tasks an environment instance plays, in a fixed order (see :meth:`Env.tasks`).
+
+    Attributes:
+        ids: ``(n,)`` task ids, unique; ``reset(options={"task": i})`` plays ``ids[i]`` and its
+            ``info["task_id"]`` is ``ids[i]``.
+        kinds: ``(n,)`` each task's family or task type (``""`` when the env has none), used to
+            break evaluation reports down per kind.
+
+    Raises:
+        ValueError: ``ids`` and ``kinds`` differ in length, or an id repeats.
+    """
+
+    ids: tuple[str, ...]
+    kinds: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.ids) != len(self.kinds):
+            raise ValueError(f"TaskSet: {len(self.ids)} ids but {len(self.kinds)} kinds")
+        if len(set(self.ids)) != len(self.ids):
+            raise ValueError("TaskSet: task ids must be unique")
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def first(self, n: int) -> TaskSet:
+        """The first ``n`` tasks (all of them when ``n >= len(self)``), in order."""
+        return TaskSet(self.ids[:n], self.kinds[:n])
+
+
+#: One scripted demonstration for the supervised warm-up: ``(token ids, loss mask)``, both ``(L,)``.
+Demonstration = tuple[list[int], list[int]]
+
+
 class Env(abc.ABC, Generic[ObsT, ActT]):
     """Base class of asynchronous environments.
 
@@ -77,6 +113,11 @@ class Env(abc.ABC, Generic[ObsT, ActT]):
             graded as a final answer; the episode keeps the reward it has); ``"act"`` closes the turn
             and passes the cut text to ``step`` as the action, and the episode goes on (a game is
             played out). The default ``"end"`` suits graded answers; games choose ``"act"``.
+        demonstrations_tag: Names this env's :meth:`scripted_demonstrations` in the warm-up's cache
+            key; None (default) uses the class's qualified name, ``""`` adds nothing to the key.
+
+    Optional hooks: :meth:`tasks` (a fixed task list, for held-out evaluation) and
+    :meth:`scripted_demonstrations` (transcripts for the supervised warm-up).
     """
 
     observation_role: ClassVar[str] = "user"
@@ -86,6 +127,7 @@ class Env(abc.ABC, Generic[ObsT, ActT]):
     observation_space: spaces.Space = text_space()
     action_space: spaces.Space = text_space()
     metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
+    demonstrations_tag: ClassVar[str | None] = None
 
     _np_random: np.random.Generator | None = None
     _closed: bool = False
@@ -113,6 +155,41 @@ class Env(abc.ABC, Generic[ObsT, ActT]):
             self._np_random = np.random.default_rng(seed)
         return None, {}  # type: ignore[return-value]
 
+    def tasks(self) -> TaskSet | None:
+        """The tasks this instance plays, in a fixed order; None (default): tasks come from the seed only.
+
+        An env that returns a :class:`TaskSet` plays task ``i`` on ``reset(options={"task": i})``
+        (``i`` an int index into ``ids``) and puts its id in ``info["task_id"]``. Held-out
+        evaluation (``agentenv train`` with ``eval.problems > 0``, ``agentenv eval``) needs it.
+
+        Raises:
+            DataError: The env's task data cannot be read.
+        """
+        return None
+
+    @classmethod
+    def scripted_demonstrations(
+        cls, renderer: Any, encode: Callable[[str], list[int]], *, count: int, seed: int
+    ) -> list[Demonstration]:
+        """Scripted episodes for the supervised warm-up (``warmup.steps > 0``), rendered as rollouts are.
+
+        Override in envs whose tool or answer format a small model must first be shown; the default
+        has none (see :func:`has_scripted_demonstrations`).
+
+        Args:
+            renderer: The chat renderer of the policy (``agentenv.chat.ChatRenderer``).
+            encode: Tokenizer encoding of assistant text without special tokens.
+            count: Demonstrations to write.
+            seed: Seeds what the demonstrations are about; the same seed gives the same ids.
+
+        Returns:
+            ``count`` ``(ids, mask)`` pairs; mask is 1 on the assistant's tokens.
+
+        Raises:
+            NotImplementedError: The env has no scripted demonstrations.
+        """
+        raise NotImplementedError(f"{cls.__name__} has no scripted demonstrations")
+
     @abc.abstractmethod
     async def step(self, action: ActT) -> StepResult[ObsT]:
         """Apply the model's action and return the next :class:`StepResult`.
@@ -133,3 +210,9 @@ class Env(abc.ABC, Generic[ObsT, ActT]):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__}>"
+
+
+def has_scripted_demonstrations(entry: object) -> bool:
+    """Whether ``entry`` (an Env class, or a registry entry point) overrides :meth:`Env.scripted_demonstrations`."""
+    hook = getattr(entry, "scripted_demonstrations", None)
+    return hook is not None and getattr(hook, "__func__", None) is not Env.scripted_demonstrations.__func__

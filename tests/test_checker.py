@@ -9,7 +9,7 @@ import pytest
 
 import agentenv
 from agentenv.checker import check_env
-from agentenv.core import StepResult
+from agentenv.core import StepResult, TaskSet
 from agentenv.errors import EnvCheckError, RegistrationError
 from tests.tiny_env import RepeatNumberEnv
 
@@ -29,6 +29,33 @@ async def test_tiny_env_passes_every_check() -> None:
     assert report.checks == ALL_CHECKS and report.notes == ()
     assert report.steps == 2 + 2  # determinism pair, then 2 wrong tries truncate
     assert env.closes == 2
+
+
+class TaskEnv(RepeatNumberEnv):
+    """Declares one task per number; ``task_offset`` != 0 plays the wrong one."""
+
+    task_offset = 0
+
+    def tasks(self):
+        return TaskSet(tuple(f"n{i}" for i in range(self.high)), ("even", "odd") * (self.high // 2))
+
+    async def reset(self, *, seed=None, options=None):
+        obs, info = await super().reset(seed=seed)
+        if options and "task" in options:
+            self._n = int(options["task"]) + self.task_offset
+            obs = f"Say {self._n}"
+        return obs, {**info, "task_id": f"n{self._n}"}
+
+
+class WrongTaskEnv(TaskEnv):
+    task_offset = 1
+
+
+async def test_declared_tasks_are_checked_by_index() -> None:
+    report = await check_env(TaskEnv(high=4), actions=["x"])
+    assert report.checks == ALL_CHECKS[:3] + ("tasks_by_index",) + ALL_CHECKS[3:]
+    with pytest.raises(EnvCheckError, match=r"\{'task': 0\}\) must give info\['task_id'\] == 'n0', got 'n1'"):
+        await check_env(WrongTaskEnv(high=4), actions=["x"])
 
 
 class GlobalRandomEnv(RepeatNumberEnv):
@@ -103,7 +130,9 @@ async def test_every_registered_id_that_can_be_built(data_dir) -> None:
             skipped[env_id] = str(exc)
             continue
         report = await check_env(env)
-        assert report.checks[:4] == ALL_CHECKS[:4], env_id
+        assert tuple(c for c in report.checks if c != "tasks_by_index")[:4] == ALL_CHECKS[:4], env_id
+        if env_id in ("python_tool", "alfworld"):  # both declare their tasks (problems, games)
+            assert report.checks[3] == "tasks_by_index", env_id
         checked.append(env_id)
     expected = [i for i in ids if _buildable(i)]
     assert checked == expected, skipped

@@ -15,13 +15,14 @@ games is the number of environments the caller keeps.
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib.util
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from agentenv.core import Env, StepResult
+from agentenv.core import Env, StepResult, TaskSet
 from agentenv.envs.alfworld.commands import parse_command
 from agentenv.envs.alfworld.game import GameState, TextWorldGame
 from agentenv.envs.alfworld.games import GameRef, canonical_split, list_games, read_game
@@ -42,6 +43,27 @@ def shared_executor() -> ThreadPoolExecutor:
         if _pool is None:
             _pool = ThreadPoolExecutor(max_workers=DEFAULT_THREADS, thread_name_prefix="alfworld")
         return _pool
+
+
+_listing_lock = threading.Lock()
+
+
+@functools.lru_cache(maxsize=8)
+def _listed(split: str, data_root: str | None) -> tuple[GameRef, ...]:
+    return tuple(list_games(split, data_root))
+
+
+def cached_games(split: str, data_root: str | None = None) -> list[GameRef]:
+    """:func:`~agentenv.envs.alfworld.games.list_games`, listed once per process and ``(split, data_root)``.
+
+    Many environments of one split (a training run builds ``run.concurrency`` of them) share one
+    listing, made by the first caller while the others wait; a failed listing is not cached.
+
+    Raises:
+        DataError: See :func:`~agentenv.envs.alfworld.games.list_games`.
+    """
+    with _listing_lock:
+        return list(_listed(canonical_split(split), data_root))
 
 
 SYSTEM_PROMPT = (
@@ -77,9 +99,11 @@ class AlfWorldEnv(Env[str, str]):
         executor: Runs the blocking game calls (default: :func:`shared_executor`).
 
     ``reset(seed=s)`` picks a game with the environment's generator (the same seed gives the same
-    game); ``reset(options={"game": i})`` plays game ``i`` of the sorted split (an int index or a
-    game name). ``info`` holds ``task_type``, ``game``, ``game_index``, ``task_id``, ``game_file``, ``steps``,
-    ``won``, ``admissible_commands`` and, after a step, ``command`` (what was parsed).
+    game); ``reset(options={"task": i})`` plays game ``i`` of the sorted split (:meth:`tasks`: ids
+    ``"<split>/<game name>"``, kinds the task types); ``options={"game": g}`` does the same with an
+    int index or a game name. ``info`` holds ``task_type``, ``game``, ``game_index``, ``task_id``,
+    ``game_file``, ``steps``, ``won``, ``admissible_commands`` and, after a step, ``command`` (what
+    was parsed).
 
     Raises:
         DataError: (constructor) unknown split; (reset) missing split folder, missing or corrupt
@@ -125,11 +149,28 @@ class AlfWorldEnv(Env[str, str]):
     async def games(self) -> list[GameRef]:
         """The games this environment draws from (listed on first use, in a worker thread)."""
         if self._games is None:
-            self._games = await self._call(list_games, self.split, self.data_root)
+            self._games = await self._call(cached_games, self.split, self.data_root)
         return self._games
 
+    def tasks(self) -> TaskSet:
+        """The games in order: ids ``"<split>/<game name>"`` (as ``info["task_id"]``), kinds the task types.
+
+        Lists the split on first use (:func:`cached_games`; the train split is extracted into the
+        cache the first time, a few seconds), in the calling thread.
+
+        Raises:
+            DataError: The split cannot be listed.
+        """
+        if self._games is None:
+            self._games = cached_games(self.split, self.data_root)
+        return TaskSet(tuple(self._task_id(g) for g in self._games), tuple(g.task_type for g in self._games))
+
+    def _task_id(self, game: GameRef) -> str:
+        return f"{self.split}/{game.name}"
+
     def _pick(self, games: list[GameRef], options: Mapping[str, Any] | None) -> int:
-        choice = (options or {}).get("game")
+        options = options or {}
+        choice = options.get("task", options.get("game"))
         if choice is None:
             return int(self.np_random.integers(len(games)))
         if isinstance(choice, int) and not isinstance(choice, bool):
@@ -161,7 +202,7 @@ class AlfWorldEnv(Env[str, str]):
             "task_type": self._current.task_type,
             "game": self._current.name,
             "game_index": self._index,
-            "task_id": f"{self.split}/{self._current.name}",
+            "task_id": self._task_id(self._current),
             "game_file": str(self._current.path),
             "steps": self._steps,
             "won": state.won,

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import random
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
-from agentenv.core import Env, StepResult
+from agentenv.core import Demonstration, Env, StepResult, TaskSet
 from agentenv.datasets import MathProblem, load_math
 from agentenv.envs.python_tool.tool import PYTHON_TOOL_SCHEMA, SYSTEM_PROMPT, check_arguments, format_result
 from agentenv.errors import ClosedError, ConfigError, DataError, ResetNeeded
@@ -16,6 +17,16 @@ from agentenv.text_spaces import UnicodeText
 from agentenv.tool_calls import HermesToolCallParser, ToolCallError, ToolCallParser
 
 INSTRUCTION = "\n\nPut your final answer within \\boxed{}."
+
+
+def problem_kind(problem: MathProblem) -> str:
+    """A problem's family or subject, read from its id: the folder above the row id.
+
+    ``"tool_arith_eval/lcm/3"`` -> ``"lcm"``; ``"math500/test/precalculus/807.json"`` ->
+    ``"precalculus"``; ids without a folder (``"aime24/60"``) give the set name (``"aime24"``).
+    """
+    parts = problem.id.split("/")[1:]
+    return parts[-2] if len(parts) >= 2 else problem.source
 
 
 class PythonToolEnv(Env[str, str]):
@@ -39,13 +50,19 @@ class PythonToolEnv(Env[str, str]):
         pool_size: Warm sandboxes of the env's own pool.
         tool_parser: Tool-call parser; default :class:`~agentenv.tool_calls.HermesToolCallParser`.
         problems: An explicit problem list; overrides ``dataset``.
+        max_problem_chars: Keep only problems at most this many characters long (None keeps all),
+            in their order; e.g. short "Compute ..." problems a 135M model can turn into one expression.
         grade_timeout_s: Seconds grading one answer may take (then graded wrong).
         grader: Grader to use; default the process-wide one.
         max_output_chars: Characters kept of each stream of each tool result.
         data_root: Shared data folder (default :func:`agentenv.paths.data_dir`).
 
+    Tasks: :meth:`tasks` lists the problems in order (ids = problem ids, kinds =
+    :func:`problem_kind`); ``reset(options={"task": i})`` plays problem ``i``.
+
     Raises:
-        ConfigError: ``max_turns < 1`` or an empty ``problems`` list.
+        ConfigError: ``max_turns < 1``, an empty ``problems`` list, or ``max_problem_chars`` leaving
+            no problem.
         DataError: Unknown data set or missing file.
     """
 
@@ -55,6 +72,7 @@ class PythonToolEnv(Env[str, str]):
     timing_info_keys: ClassVar[tuple[str, ...]] = ("sandbox_s", "grading_s")
     observation_space = UnicodeText(1 << 17)
     action_space = UnicodeText(1 << 16)
+    demonstrations_tag: ClassVar[str | None] = ""  # keeps the cache key warm-ups had before the hook existed
 
     def __init__(
         self,
@@ -70,6 +88,7 @@ class PythonToolEnv(Env[str, str]):
         grader: Grader | None = None,
         max_output_chars: int = 4096,
         data_root: str | None = None,
+        max_problem_chars: int | None = None,
     ) -> None:
         if max_turns < 1:
             raise ConfigError(f"max_turns must be >= 1, got {max_turns}")
@@ -79,6 +98,14 @@ class PythonToolEnv(Env[str, str]):
             self.problems = tuple(problems)
         else:
             self.problems = load_math(dataset, data_root=data_root)
+        if max_problem_chars is not None:
+            kept = tuple(p for p in self.problems if len(p.problem) <= max_problem_chars)
+            if not kept:
+                source = "the given problems" if problems is not None else f"data set {dataset!r}"
+                raise ConfigError(f"max_problem_chars={max_problem_chars} leaves none of the "
+                                  f"{len(self.problems)} problems of {source}")
+            self.problems = kept
+        self._tasks: TaskSet | None = None
         self.max_turns = max_turns
         self.sandbox_backend = sandbox_backend
         self.sandbox_timeout_s = sandbox_timeout_s
@@ -94,6 +121,31 @@ class PythonToolEnv(Env[str, str]):
         self._done = True
         self._stats: dict[str, Any] = {}
 
+    def tasks(self) -> TaskSet:
+        """The problems in order: ids are problem ids, kinds their family or subject (:func:`problem_kind`)."""
+        if self._tasks is None:
+            self._tasks = TaskSet(tuple(p.id for p in self.problems), tuple(map(problem_kind, self.problems)))
+        return self._tasks
+
+    @classmethod
+    def scripted_demonstrations(
+        cls, renderer: Any, encode: Callable[[str], list[int]], *, count: int, seed: int
+    ) -> list[Demonstration]:
+        """``count`` scripted one-call arithmetic episodes (:mod:`agentenv.envs.python_tool.demonstrations`).
+
+        The same ``seed`` gives the same problems; each transcript is laid out as a rollout of this
+        env (system prompt, tool schema, tool result as this env formats it, 4000 characters kept).
+        """
+        from agentenv.envs.python_tool.demonstrations import build_transcript, scripted_problem
+        from agentenv.sandboxes.base import ExecResult, ExecStatus
+
+        rng = random.Random(seed)
+        return [
+            build_transcript(renderer, encode, scripted_problem(rng), system=cls.system_prompt, tools=cls.tools,
+                             format_observation=lambda out: format_result(ExecResult(ExecStatus.OK, stdout=out), 4000))
+            for _ in range(count)
+        ]
+
     # -- lifecycle ------------------------------------------------------------------------------
     async def reset(
         self, *, seed: int | None = None, options: Mapping[str, Any] | None = None
@@ -102,17 +154,23 @@ class PythonToolEnv(Env[str, str]):
 
         Args:
             seed: Seeds the env's generator; the same seed picks the same problem.
-            options: ``{"index": i}`` picks problem ``i`` instead of a random one.
+            options: ``{"task": i}`` (or its older name ``{"index": i}``) plays problem ``i`` of
+                :meth:`tasks` instead of a random one.
+
+        Returns:
+            The problem text and ``info`` with ``task_id`` (= ``problem_id``), ``index`` and
+            ``ground_truth``.
 
         Raises:
             ClosedError: The env is closed.
-            DataError: ``options["index"]`` is out of range.
+            DataError: The task index is out of range.
         """
         if self._closed:
             raise ClosedError("PythonToolEnv is closed")
         await super().reset(seed=seed)
         await self._end_episode()
-        index = (options or {}).get("index")
+        options = options or {}
+        index = options.get("task", options.get("index"))
         if index is None:
             index = int(self.np_random.integers(len(self.problems)))
         elif not 0 <= int(index) < len(self.problems):
@@ -120,7 +178,8 @@ class PythonToolEnv(Env[str, str]):
         self._problem = self.problems[int(index)]
         self._done = False
         self._stats = {"turn": 0, "tool_calls": 0, "tool_errors": 0, "sandbox_s": 0.0, "grading_s": 0.0}
-        info = {"problem_id": self._problem.id, "index": int(index), "ground_truth": self._problem.answer}
+        info = {"task_id": self._problem.id, "problem_id": self._problem.id, "index": int(index),
+                "ground_truth": self._problem.answer}
         return self._problem.problem + INSTRUCTION, info
 
     async def step(self, action: str) -> StepResult[str]:

@@ -10,7 +10,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from agentenv import Env, StepResult, register, text_space
+from agentenv import Env, StepResult, TaskSet, register, text_space
 from agentenv.errors import ConfigError, ResetNeeded
 
 ENV_ID = "examples/GuessNumber-v0"
@@ -27,6 +27,9 @@ class GuessNumberEnv(Env[str, str]):
         high: Largest possible secret.
         max_turns: Guesses per episode.
 
+    Tasks: :meth:`tasks` lists one task per possible secret, ``low`` first (id ``"secret-<n>"``, no
+    kind); ``reset(options={"task": i})`` plays secret ``low + i``, ``options={"secret": n}`` secret ``n``.
+
     Raises:
         ConfigError: ``low > high`` or ``max_turns < 1``.
     """
@@ -42,17 +45,36 @@ class GuessNumberEnv(Env[str, str]):
         self._secret: int | None = None
         self._turns = 0
 
+    def tasks(self) -> TaskSet:
+        """One task per secret from ``low`` to ``high``: ids ``"secret-<n>"``, kinds ``""``."""
+        ids = tuple(f"secret-{n}" for n in range(self.low, self.high + 1))
+        return TaskSet(ids, ("",) * len(ids))
+
     async def reset(
         self, *, seed: int | None = None, options: Mapping[str, Any] | None = None
     ) -> tuple[str, dict[str, Any]]:
-        """Draw a secret from this env's generator (``options={"secret": n}`` fixes it)."""
+        """Draw a secret from this env's generator; ``options`` ``{"task": i}`` or ``{"secret": n}`` fix it.
+
+        Returns:
+            The prompt and ``info["task_id"]`` (``"secret-<n>"``).
+
+        Raises:
+            ConfigError: The task index is outside ``[0, high - low]``.
+        """
         await super().reset(seed=seed)
-        secret = (options or {}).get("secret")
-        self._secret = (
-            int(secret) if secret is not None else int(self.np_random.integers(self.low, self.high + 1))
-        )
+        options = options or {}
+        if "task" in options:
+            task = int(options["task"])
+            if not 0 <= task <= self.high - self.low:
+                raise ConfigError(f"task {task} is out of range [0, {self.high - self.low}]")
+            secret = self.low + task
+        elif options.get("secret") is not None:
+            secret = int(options["secret"])
+        else:
+            secret = int(self.np_random.integers(self.low, self.high + 1))
+        self._secret = secret
         self._turns = 0
-        return f"I am thinking of an integer from {self.low} to {self.high}. Guess it.", {}
+        return f"I am thinking of an integer from {self.low} to {self.high}. Guess it.", {"task_id": f"secret-{secret}"}
 
     async def step(self, action: str) -> StepResult[str]:
         """Score one guess.

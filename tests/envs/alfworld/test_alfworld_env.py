@@ -42,6 +42,20 @@ async def test_registered_and_first_observation(seen: list[GameRef]) -> None:
         assert env.observation_space.contains(obs)
 
 
+async def test_tasks_are_the_sorted_games_and_the_task_option_plays_one(seen: list[GameRef]) -> None:
+    from agentenv.envs.alfworld.env import cached_games
+
+    async with make("alfworld", split="seen") as env:
+        tasks = env.tasks()
+        assert len(tasks) == 140 and tasks.ids[0] == f"valid_seen/{GAME0}"
+        assert tasks.kinds == tuple(g.task_type for g in seen) and "pick_two_obj" in tasks.kinds
+        obs, info = await env.reset(options={"task": 5})
+        assert info["task_id"] == tasks.ids[5] and info["game"] == seen[5].name and info["game_index"] == 5
+        with pytest.raises(DataError, match="out of range"):
+            await env.reset(options={"task": 140})
+    assert cached_games("valid_seen") == seen and cached_games("seen") is not cached_games("seen")  # copies
+
+
 async def test_walkthrough_with_messy_replies_wins(seen: list[GameRef]) -> None:
     walk = read_game(seen[0].path)["walkthrough"]
     assert walk == ["go to desk 1", "use desklamp 1", "take alarmclock 2 from desk 1"]

@@ -87,6 +87,34 @@ async def test_seeded_reset_is_reproducible_and_index_option(grader) -> None:
         await env.reset(options={"index": 5})
 
 
+async def test_tasks_are_the_problems_in_order_and_task_option_plays_one(grader) -> None:
+    env, _ = make_env(grader)
+    tasks = env.tasks()
+    assert tasks.ids == ("t/0", "t/1", "t/2", "t/3", "t/4") and tasks.kinds == ("t",) * 5
+    obs, info = await env.reset(seed=9, options={"task": 3})
+    assert obs.startswith("What is 3 + 3?") and info["task_id"] == info["problem_id"] == "t/3"
+    assert (await env.reset(seed=3))[1]["task_id"] == (await env.reset(seed=3))[1]["problem_id"]
+    with pytest.raises(DataError, match="out of range"):
+        await env.reset(options={"task": 5})
+
+
+def test_problem_kind_reads_the_family_or_subject_from_the_id() -> None:
+    from agentenv.envs.python_tool.env import problem_kind
+
+    assert problem_kind(MathProblem("tool_arith_eval/lcm/3", "q", "1", "tool_arith_eval")) == "lcm"
+    assert problem_kind(MathProblem("math500/test/precalculus/807.json", "q", "1", "math500")) == "precalculus"
+    assert problem_kind(MathProblem("aime24/60", "q", "1", "aime24")) == "aime24"
+
+
+def test_max_problem_chars_keeps_the_short_problems_in_order(grader) -> None:
+    mixed = [*PROBLEMS, MathProblem("t/long", "What is " + "1 + " * 40 + "1?", "41", "t")]
+    env = PythonToolEnv(problems=mixed, grader=grader, max_problem_chars=15)
+    assert env.tasks().ids == ("t/0", "t/1", "t/2", "t/3", "t/4")
+    assert len(PythonToolEnv(problems=mixed, grader=grader).problems) == 6
+    with pytest.raises(ConfigError, match="max_problem_chars=5 leaves none of the 6 problems of the given problems"):
+        PythonToolEnv(problems=mixed, grader=grader, max_problem_chars=5)
+
+
 async def test_tool_turns_then_correct_answer(grader) -> None:
     env, pool = make_env(grader)
     await env.reset(options={"index": 3})
