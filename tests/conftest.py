@@ -26,3 +26,31 @@ def data_dir() -> Path:
 @pytest.fixture(scope="session")
 def testdata_dir() -> Path:
     return shared_data_dir().parent / "testdata"
+
+
+GUESS_NUMBER_ID = "examples/GuessNumber-v0"
+
+
+@pytest.fixture
+def guess_number():
+    """The example plugin (``examples/guess_number``) registered in this process, as its entry point would.
+
+    Imported from the source folder (nothing is installed) and unregistered afterwards, so that
+    ``tests/test_example_plugin.py`` can still discover it through a real install.
+    """
+    import sys
+
+    import agentenv
+
+    folder = str(REPO / "examples" / "guess_number")
+    sys.path.insert(0, folder)
+    try:
+        import agentenv_guess_number
+
+        agentenv.registry.pop(GUESS_NUMBER_ID, None)
+        agentenv_guess_number.register_envs()
+        yield GUESS_NUMBER_ID
+    finally:
+        agentenv.registry.pop(GUESS_NUMBER_ID, None)
+        sys.modules.pop("agentenv_guess_number", None)
+        sys.path.remove(folder)

@@ -20,7 +20,7 @@ from agentenv.simulator import main as simulate_main
 from agentenv.trainer.recipe_files import RECIPES_DIR, find_recipe, shipped_recipes
 
 REPO = Path(__file__).resolve().parents[1]
-SHIPPED = ["alfworld_cpu", "alfworld_qwen2.5_7b", "python_tool_cpu", "python_tool_qwen2.5_7b"]
+SHIPPED = ["alfworld_cpu", "alfworld_qwen2.5_7b", "generic_cpu", "python_tool_cpu", "python_tool_qwen2.5_7b"]
 
 
 @pytest.fixture
@@ -129,13 +129,15 @@ def test_default_recipe_per_env_and_recipe_wins_over_env():
     assert find_recipe("python_tool_cpu", "nosuchenv") == RECIPES_DIR / "python_tool_cpu.yaml"
 
 
-def test_registered_env_without_a_shipped_recipe(monkeypatch, tmp_path):
+def test_registered_env_without_a_recipe_of_its_own_gets_the_generic_one(monkeypatch, tmp_path):
     monkeypatch.setitem(registry, "my_env", registry["python_tool"])
+    monkeypatch.setitem(registry, "ns/My-v0", registry["python_tool"])
+    assert find_recipe(None, "my_env") == find_recipe(None, "ns/My-v0") == RECIPES_DIR / "generic_cpu.yaml"
     (tmp_path / "other.yaml").write_text("{}\n")
-    with pytest.raises(ConfigError) as info:
+    with pytest.raises(ConfigError) as info:  # a recipes folder without the generic recipe
         find_recipe(None, "my_env", recipes_dir=tmp_path)
     msg = str(info.value)
-    assert "environment 'my_env' has no shipped default recipe (my_env_cpu.yaml)" in msg
+    assert "environment 'my_env' has no shipped default recipe (my_env_cpu.yaml, nor generic_cpu.yaml)" in msg
     assert "--recipe" in msg and "shipped recipes: other" in msg
 
 

@@ -18,19 +18,18 @@ from agentenv.trainer.warmup import WarmupConfig
 
 @dataclass(frozen=True)
 class EnvConfig:
-    """Which environment, and on which tasks."""
+    """Which environment, built with which constructor arguments; the trainer knows no env by name."""
 
     id: str = "python_tool"
     """Registered environment id (``agentenv envs`` lists them)."""
-    dataset: str = "math_train"
-    """Training problems (python_tool): a name from ``agentenv.datasets``."""
-    eval_dataset: str = "math500"
-    """Held-out problems for the before/after evaluation."""
-    max_problem_chars: int | None = None
-    """Keep only problems at most this long (characters); None keeps all. The CPU recipe uses short
-    "Compute/Evaluate ..." problems that a 135M model can turn into one Python expression."""
     kwargs: dict[str, Any] = field(default_factory=dict)
-    """Further constructor arguments of the environment (e.g. ``sandbox_backend``)."""
+    """Constructor arguments of the training environment: ``make(id, **kwargs)`` (e.g. python_tool's
+    ``dataset``, ``max_turns``, ``sandbox_backend``; ALFWorld's ``split``, ``max_steps``). An argument the
+    constructor does not take is a ConfigError naming the ones it takes."""
+    eval_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Constructor arguments merged over ``kwargs`` to build the held-out environment
+    (``make(id, **{**kwargs, **eval_kwargs})``, e.g. ``{dataset: tool_arith_eval}`` or
+    ``{split: valid_unseen}``); its :meth:`~agentenv.core.Env.tasks` are the held-out tasks."""
 
 
 @dataclass(frozen=True)
@@ -118,12 +117,14 @@ class RunConfig:
 class EvalConfig:
     """The held-out evaluation run before the first update and after the last one.
 
-    The held-out problems are the first ``problems`` of ``env.eval_dataset`` (after the same
-    ``env.max_problem_chars`` filter as training); they never appear in the training set.
+    The held-out tasks are the first ``problems`` of the held-out environment's
+    :meth:`~agentenv.core.Env.tasks` (the env built with ``env.kwargs`` updated by
+    ``env.eval_kwargs``); choose ``eval_kwargs`` so that they never appear in training.
     """
 
     problems: int = 0
-    """Held-out problems to evaluate on; 0 turns the evaluation off."""
+    """Held-out tasks to evaluate on; 0 turns the evaluation off (needed for an env whose ``tasks()``
+    is None)."""
     temperature: float = 0.0
     """Sampling temperature of the evaluation; 0 decodes greedily (one deterministic answer each)."""
     samples_per_problem: int = 1

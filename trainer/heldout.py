@@ -2,8 +2,9 @@
 
 ``agentenv train`` evaluates the policy once before the first update and once after the last one,
 with the same engine, budgets and chat template as the rollouts, so the two figures differ only by
-the training in between. The held-out tasks are fixed (the first ``eval.problems`` of
-``env.eval_dataset``, or of an ALFWorld validation split), decoded greedily by default.
+the training in between. The held-out tasks are fixed: the first ``eval.problems`` of
+``env.tasks()`` of the held-out environment (``make(env.id, **{**env.kwargs, **env.eval_kwargs})``),
+each played with ``reset(options={"task": i})``, decoded greedily by default.
 Episodes run concurrently through :func:`agentenv.evaluation.run_jobs`, so one failing episode
 costs only itself (it counts as a failure and is reported in ``errors``).
 """
@@ -16,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from agentenv.core import Env
+from agentenv.core import Env, TaskSet
 from agentenv.errors import ConfigError
 from agentenv.evaluation import EpisodeJob, EpisodeResult, make_jobs, run_jobs
 from agentenv.registration import make
@@ -61,40 +62,28 @@ class HeldOutReport:
         return asdict(self)
 
 
-def held_out_tasks(cfg: TrainConfig) -> tuple[Callable[[], Env], list[tuple[str, str]], str]:
-    """The held-out environment builder, its tasks and the reset option that picks a task.
+async def held_out_tasks(cfg: TrainConfig) -> tuple[Callable[[], Env], TaskSet]:
+    """The held-out environment builder and its first ``cfg.eval.problems`` tasks.
 
     Returns:
-        ``(env_factory, tasks, option)``: ``tasks`` are ``(name, kind)`` pairs, the first
-        ``cfg.eval.problems`` of the held-out set; ``env.reset(options={option: i})`` plays task ``i``.
+        ``(env_factory, tasks)``: ``env_factory()`` is ``make(env.id, **{**env.kwargs, **env.eval_kwargs})``;
+        ``env.reset(options={"task": i})`` plays ``tasks.ids[i]``.
 
     Raises:
-        ConfigError: The env has no held-out evaluation here, or the held-out set is empty.
-        DataError: The held-out data set cannot be read.
+        ConfigError: The env declares no tasks (``tasks()`` is None: set ``eval.problems=0``) or an
+            empty list, or a constructor argument is wrong (the message lists the ones it takes).
+        DataError: The held-out data cannot be read.
     """
-    n = cfg.eval.problems
-    if cfg.env.id == "python_tool":
-        from agentenv.datasets import load_math
-
-        problems = [p for p in load_math(cfg.env.eval_dataset)
-                    if cfg.env.max_problem_chars is None or len(p.problem) <= cfg.env.max_problem_chars][:n]
-        if not problems:
-            raise ConfigError(f"no held-out problem in {cfg.env.eval_dataset!r} passes env.max_problem_chars")
-        kwargs = {k: v for k, v in cfg.env.kwargs.items() if k != "dataset"}
-        kwargs.setdefault("max_turns", cfg.rollout.max_turns)
-        factory = lambda: make("python_tool", problems=problems, **kwargs)  # noqa: E731
-        return factory, [(p.id, "math") for p in problems], "index"
-    if cfg.env.id == "alfworld":
-        from agentenv.envs.alfworld import list_games
-
-        data_root = cfg.env.kwargs.get("data_root")
-        games = list_games(cfg.env.eval_dataset, data_root)[:n]
-        kwargs = {k: v for k, v in cfg.env.kwargs.items() if k not in ("split", "games")}
-        kwargs.setdefault("max_steps", cfg.rollout.max_turns)
-        factory = lambda: make("alfworld", split=cfg.env.eval_dataset, games=games, **kwargs)  # noqa: E731
-        return factory, [(g.name, g.task_type) for g in games], "game"
-    raise ConfigError(f"eval.problems > 0 needs env.id python_tool or alfworld, got {cfg.env.id!r}; "
-                      "set eval.problems=0")
+    kwargs = {**cfg.env.kwargs, **cfg.env.eval_kwargs}
+    async with make(cfg.env.id, **kwargs) as env:
+        tasks = env.tasks()
+    if tasks is None:
+        raise ConfigError(f"eval.problems={cfg.eval.problems}: environment {cfg.env.id!r} declares no fixed "
+                          "tasks (its tasks() is None), so it has no held-out evaluation; set eval.problems=0")
+    if not len(tasks):
+        raise ConfigError(f"the held-out environment {cfg.env.id!r} (env.eval_kwargs {cfg.env.eval_kwargs}) "
+                          "has no task")
+    return (lambda: make(cfg.env.id, **kwargs)), tasks.first(cfg.eval.problems)
 
 
 async def evaluate_held_out(cfg: TrainConfig, engine: Any, renderer: Any, *, label: str) -> HeldOutReport:
@@ -110,14 +99,15 @@ async def evaluate_held_out(cfg: TrainConfig, engine: Any, renderer: Any, *, lab
     Raises:
         ConfigError / DataError: See :func:`held_out_tasks`.
     """
-    factory, tasks, option = held_out_tasks(cfg)
+    factory, tasks = await held_out_tasks(cfg)
     rollout = replace(cfg.rollout, temperature=cfg.eval.temperature)
-    jobs = make_jobs(tasks, samples_per_game=cfg.eval.samples_per_problem, seed=cfg.run.seed)
+    jobs = make_jobs(list(zip(tasks.ids, tasks.kinds, strict=True)), samples_per_game=cfg.eval.samples_per_problem,
+                     seed=cfg.run.seed)
     extras: dict[int, tuple[float, float]] = {}
 
     async def agent(env: Env, job: EpisodeJob) -> EpisodeResult:
         start = time.perf_counter()
-        traj = await run_episode(env, engine, renderer, rollout, seed=job.seed, options={option: job.game_index})
+        traj = await run_episode(env, engine, renderer, rollout, seed=job.seed, options={"task": job.game_index})
         extras[job.seed] = (float(traj.info.get("tool_calls") or 0), float(traj.info.get("turns", 0)))
         failed = traj.status == "error"
         return EpisodeResult(job.game, job.task_type, job.sample, won=not failed and traj.reward > 0,
@@ -143,6 +133,6 @@ async def evaluate_held_out(cfg: TrainConfig, engine: Any, renderer: Any, *, lab
         turns_mean=statistics.fmean(turns),
         errors=sum(r.error is not None for r in results),
         seconds=time.perf_counter() - t0,
-        task_ids=tuple(name for name, _ in tasks),
+        task_ids=tasks.ids,
         outcomes=outcomes,
     )

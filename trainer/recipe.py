@@ -4,7 +4,7 @@ Phases, in the order they run:
 
 1. configuration: recipe YAML + command-line overrides -> :class:`TrainConfig`; the run folder.
 2. model: the policy (learner copy) and the generation engine (engine copy); an optional cached
-   tool-use warm-up for small models.
+   supervised warm-up on the environment's scripted demonstrations (python_tool's tool calls).
 3. rollout: a collector plays ``run.concurrency`` episodes at a time into the trajectory pool
    (``async``: all the time; ``sync``: B episodes, then it waits for the update).
 4. update: the pool hands over a batch of B chosen by the staleness policy (PACE by default); the
@@ -49,7 +49,7 @@ from agentenv.pool import TrajectoryPool
 from agentenv.trainer import setup
 from agentenv.trainer.checkpoint import CheckpointManager, latest_checkpoint
 from agentenv.trainer.config import TrainConfig
-from agentenv.trainer.heldout import evaluate_held_out
+from agentenv.trainer.heldout import evaluate_held_out, held_out_tasks
 from agentenv.trainer.metrics import MetricsWriter
 from agentenv.trainer.plots import plot_run
 from agentenv.trainer.recipe_files import find_recipe
@@ -181,11 +181,17 @@ async def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False,
     torch.manual_seed(cfg.run.seed)
     t_start = time.time()
 
+    # the environment before the model: a wrong id or constructor argument (env.kwargs, env.eval_kwargs),
+    # a warm-up or held-out evaluation the env cannot serve, fails in seconds
+    env_factory = setup.env_factory(cfg)
+    setup.check_warmup(cfg)
+    if cfg.eval.problems:
+        await held_out_tasks(cfg)
+
     # 2. model: learner copy + engine copy (+ cached warm-up; Ctrl-C stops it between steps)
     model, tokenizer, renderer = await asyncio.to_thread(setup.load_policy, cfg, should_stop=stop.is_set)
     learner = setup.build_learner(cfg, model)
     engine = BusyTrackingEngine(setup.build_engine(cfg, copy.deepcopy(model), tokenizer))
-    env_factory = setup.env_factory(cfg)
     group_size = cfg.optim.grpo_group_size if cfg.optim.objective == "grpo" else 1  # rollouts per task
     pool = TrajectoryPool(cfg.staleness, group_size=group_size)
     checkpoints = CheckpointManager(run_dir / "checkpoints")

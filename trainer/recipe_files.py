@@ -1,8 +1,9 @@
 """Finding the recipe file of ``agentenv train``: a shipped name, a YAML path, or ``<env>_cpu`` by default.
 
-Shipped recipes live in ``recipes/`` at the top of the checkout; a non-editable install carries them as
-``agentenv/recipes/`` (package ``agentenv.recipes``), which is the same place relative to this module.
-Every failure is a clear error naming what was looked for and what exists.
+An environment without a recipe of its own gets ``generic_cpu``. Shipped recipes live in ``recipes/``
+at the top of the checkout; a non-editable install carries them as ``agentenv/recipes/`` (package
+``agentenv.recipes``), which is the same place relative to this module. Every failure is a clear error
+naming what was looked for and what exists.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"
 """``recipes/`` beside ``trainer/`` in a checkout; ``agentenv/recipes/`` in an installed wheel."""
 DEFAULT_ENV = "python_tool"
 """The environment trained when neither ``--recipe`` nor ``--env`` is given."""
+GENERIC_RECIPE = "generic_cpu"
+"""The default recipe of a registered environment without a shipped ``<env>_cpu`` recipe."""
 
 
 def shipped_recipes(recipes_dir: Path = RECIPES_DIR) -> list[str]:
@@ -37,7 +40,7 @@ def find_recipe(recipe: str | None, env_id: str | None = None, *, recipes_dir: P
 
     Args:
         recipe: A shipped recipe name (``python_tool_cpu``), a path to a YAML file, or None for the
-            default recipe of the environment, ``<env_id>_cpu``.
+            default recipe of the environment: ``<env_id>_cpu``, else ``generic_cpu``.
         env_id: The ``--env`` value; only used when ``recipe`` is None (None means ``python_tool``).
         recipes_dir: Where the shipped recipes are (tests pass their own).
 
@@ -46,8 +49,8 @@ def find_recipe(recipe: str | None, env_id: str | None = None, *, recipes_dir: P
 
     Raises:
         ConfigError: A recipe path that does not exist or is a folder, an unknown recipe name, or a
-            registered environment without a shipped ``<env>_cpu`` recipe; the message lists the
-            shipped recipe names.
+            registered environment without a shipped ``<env>_cpu`` recipe when ``generic_cpu`` is not
+            shipped either; the message lists the shipped recipe names.
         EnvNotFound: ``recipe`` is None and ``env_id`` is not a registered environment; the message
             lists the registered ids.
     """
@@ -61,8 +64,11 @@ def find_recipe(recipe: str | None, env_id: str | None = None, *, recipes_dir: P
         candidate = recipes_dir / f"{env}_cpu.yaml"
         if candidate.is_file():
             return candidate
-        raise ConfigError(f"environment {env!r} has no shipped default recipe ({candidate.name}); pass "
-                          f"--recipe with a recipe name or a YAML file ({_shipped_hint(recipes_dir)})")
+        generic = recipes_dir / f"{GENERIC_RECIPE}.yaml"
+        if generic.is_file():
+            return generic
+        raise ConfigError(f"environment {env!r} has no shipped default recipe ({candidate.name}, nor {generic.name}); "
+                          f"pass --recipe with a recipe name or a YAML file ({_shipped_hint(recipes_dir)})")
     if _is_path_like(recipe):
         path = Path(recipe).expanduser()
         if path.is_file():

@@ -14,106 +14,105 @@ from tqdm.auto import tqdm
 
 from agentenv.chat import ChatRenderer
 from agentenv.configio import to_dict
-from agentenv.core import Env
+from agentenv.core import Env, has_scripted_demonstrations
 from agentenv.errors import ConfigError
 from agentenv.paths import cache_dir
-from agentenv.registration import make
+from agentenv.registration import make, spec
 from agentenv.trainer.config import TrainConfig
 from agentenv.trajectory import Trajectory
 
 logger = logging.getLogger(__name__)
 
 
-# -- problems -------------------------------------------------------------------------------------
-def select_problems(name: str, max_chars: int | None) -> list[Any] | None:
-    """Problems of data set ``name``, optionally only those at most ``max_chars`` long; None keeps the env's own."""
-    if max_chars is None:
-        return None
-    from agentenv.datasets import load_math
-
-    problems = [p for p in load_math(name) if len(p.problem) <= max_chars]
-    if not problems:
-        raise ConfigError(f"env.max_problem_chars={max_chars} leaves no problem in {name!r}")
-    return problems
-
-
+# -- environment ----------------------------------------------------------------------------------
 def env_factory(cfg: TrainConfig) -> Callable[[], Env]:
-    """A builder of training environments: ``make(cfg.env.id, ...)`` with the recipe's settings.
+    """A builder of training environments: ``make(cfg.env.id, **cfg.env.kwargs)``.
 
-    ``python_tool`` plays ``env.dataset`` (optionally only problems of at most ``env.max_problem_chars``);
-    ``alfworld`` plays the ``train`` split unless ``env.kwargs.split`` says otherwise, listed once
-    here; both end an episode after ``rollout.max_turns`` turns.
+    One environment is built here, so that a wrong id or constructor argument fails now with a clear
+    error rather than inside a worker.
 
     Raises:
         EnvNotFound: ``env.id`` is not registered.
-        DataError: The data set or ALFWorld split cannot be read.
+        ConfigError: ``env.kwargs`` holds an argument the constructor does not take (the message
+            lists the ones it takes), or a value it refuses.
+        DataError: The env's data cannot be read.
     """
     kwargs = dict(cfg.env.kwargs)
-    if cfg.env.id == "python_tool":
-        kwargs.setdefault("dataset", cfg.env.dataset)
-        kwargs.setdefault("max_turns", cfg.rollout.max_turns)
-        problems = select_problems(cfg.env.dataset, cfg.env.max_problem_chars)
-        if problems is not None:
-            kwargs["problems"] = problems
-    elif cfg.env.id == "alfworld":  # the train split (3553 games; extracted into the cache once)
-        from agentenv.envs.alfworld import list_games
-
-        kwargs.setdefault("split", "train")
-        kwargs.setdefault("max_steps", cfg.rollout.max_turns)
-        kwargs.setdefault("games", list_games(kwargs["split"], kwargs.get("data_root")))
-    make(cfg.env.id, **kwargs)  # fail now, with a clear error, rather than inside a worker
+    make(cfg.env.id, **kwargs)
     return lambda: make(cfg.env.id, **kwargs)
+
+
+def check_warmup(cfg: TrainConfig) -> None:
+    """Refuse ``warmup.steps > 0`` for an env without scripted demonstrations (before a model loads).
+
+    Raises:
+        EnvNotFound / RegistrationError: ``env.id`` is not registered or cannot be imported.
+        ConfigError: The env's entry point does not override
+            :meth:`agentenv.core.Env.scripted_demonstrations`.
+    """
+    if cfg.warmup.steps > 0 and not has_scripted_demonstrations(spec(cfg.env.id).load()):
+        raise ConfigError(f"warmup.steps={cfg.warmup.steps} needs scripted demonstrations, which environment "
+                          f"{cfg.env.id!r} does not provide (Env.scripted_demonstrations); set warmup.steps=0")
 
 
 # -- model ----------------------------------------------------------------------------------------
 def load_policy(
     cfg: TrainConfig, *, should_stop: Callable[[], bool] | None = None
 ) -> tuple[torch.nn.Module, Any, ChatRenderer]:
-    """Load the policy and its tokenizer; apply the (cached) tool-use warm-up when configured.
+    """Load the policy and its tokenizer; apply the (cached) warm-up when ``warmup.steps > 0``.
 
     Raises:
+        ConfigError: ``warmup.steps > 0`` for an env without scripted demonstrations (:func:`check_warmup`).
         Interrupted: ``should_stop()`` became true during the warm-up (nothing is cached then).
     """
     from agentenv.models import load_model_and_tokenizer
 
+    check_warmup(cfg)
     model, tokenizer = load_model_and_tokenizer(cfg.model.name, device=cfg.model.device)
     renderer = ChatRenderer(tokenizer)
-    if cfg.warmup.steps > 0 and cfg.env.id == "python_tool":
+    if cfg.warmup.steps > 0:
         model = warmed_up(cfg, model, tokenizer, renderer, should_stop=should_stop)
     model.eval()
     return model, tokenizer, renderer
 
 
+def warmup_cache_key(cfg: TrainConfig) -> str:
+    """The warm-up's cache key (12 hex digits): model, warm-up settings and the env's demonstrations.
+
+    The env part is its ``demonstrations_tag`` (default: the entry point's qualified name);
+    ``python_tool``'s is empty, so its key is the one warm-ups were cached under before
+    demonstrations became an environment hook.
+    """
+    entry = spec(cfg.env.id).load()
+    tag = getattr(entry, "demonstrations_tag", None)
+    if tag is None:
+        tag = f"{entry.__module__}.{getattr(entry, '__qualname__', type(entry).__qualname__)}"
+    parts: list[Any] = [cfg.model.name, to_dict(cfg.warmup), 3] + ([tag] if tag else [])
+    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:12]
+
+
 def warmed_up(cfg: TrainConfig, model: torch.nn.Module, tokenizer: Any, renderer: ChatRenderer, *,
               should_stop: Callable[[], bool] | None = None) -> torch.nn.Module:
-    """The model after the scripted tool-use warm-up, computed once and cached by its settings.
+    """The model after the supervised warm-up on the env's scripted demonstrations, cached.
+
+    Computed once per :func:`warmup_cache_key`.
 
     Raises:
         Interrupted: ``should_stop()`` became true between two warm-up steps (nothing cached).
     """
-    import random
+    from agentenv.trainer.warmup import sft_warmup
 
-    from agentenv.envs.python_tool import PythonToolEnv, format_result
-    from agentenv.sandboxes.base import ExecResult, ExecStatus
-    from agentenv.trainer.warmup import build_transcript, scripted_problem, sft_warmup
-
-    key = hashlib.sha256(json.dumps([cfg.model.name, to_dict(cfg.warmup), 3]).encode()).hexdigest()[:12]
-    folder = cache_dir("warmup", key)
+    folder = cache_dir("warmup", warmup_cache_key(cfg))
     weights = folder / "model.pt"
     if weights.is_file():
         model.load_state_dict(torch.load(weights, map_location="cpu"))
-        logger.info("tool-use warm-up loaded from cache %s", folder)
+        logger.info("warm-up loaded from cache %s", folder)
         return model
-    rng = random.Random(cfg.warmup.seed)
     encode = lambda s: tokenizer.encode(s, add_special_tokens=False)  # noqa: E731 (scripted text, not sampled)
-    examples = [
-        build_transcript(renderer, encode, scripted_problem(rng), system=PythonToolEnv.system_prompt,
-                         tools=PythonToolEnv.tools,
-                         format_observation=lambda out: format_result(ExecResult(ExecStatus.OK, stdout=out), 4000))
-        for _ in range(cfg.warmup.num_examples)
-    ]
+    examples = spec(cfg.env.id).load().scripted_demonstrations(
+        renderer, encode, count=cfg.warmup.num_examples, seed=cfg.warmup.seed)
     t0 = time.time()
-    bar = tqdm(total=cfg.warmup.steps, desc="tool-use warm-up", unit="step")
+    bar = tqdm(total=cfg.warmup.steps, desc="warm-up", unit="step")
 
     def log(step: int, loss: float) -> None:
         bar.update(1)
@@ -134,7 +133,7 @@ def build_learner(cfg: TrainConfig, model: torch.nn.Module) -> Any:
     """The learner of ``cfg.learner.backend`` on ``model`` (:func:`agentenv.trainer.learner_backends.build_learner`)."""
     from agentenv.trainer.learner_backends import build_learner as build
 
-    return build(cfg, model, warmed_up=cfg.warmup.steps > 0 and cfg.env.id == "python_tool")
+    return build(cfg, model, warmed_up=cfg.warmup.steps > 0)
 
 
 def build_engine(cfg: TrainConfig, model: torch.nn.Module, tokenizer: Any) -> Any:

@@ -7,6 +7,7 @@ import pytest
 from agentenv.datasets import load_math
 from agentenv.engines.base import GenerationOutput, SamplingParams, TokenSpan
 from agentenv.errors import ConfigError
+from agentenv.trainer import setup
 from agentenv.trainer.config import EvalConfig, TrainConfig
 from agentenv.trainer.heldout import evaluate_held_out, held_out_tasks
 from agentenv.trainer.recipe import parse_args
@@ -32,25 +33,32 @@ class AnswerEvenProblems:
 
 
 def _cfg(n: int, **eval_kw) -> TrainConfig:
-    cfg, _ = parse_args(["env.kwargs.sandbox_backend=process", f"eval.problems={n}", "env.dataset=math_train",
-                         "env.eval_dataset=math500", "env.max_problem_chars=80"])
+    cfg, _ = parse_args(["env.kwargs.sandbox_backend=process", f"eval.problems={n}", "env.kwargs.dataset=math_train",
+                         "env.eval_kwargs.dataset=math500", "env.kwargs.max_problem_chars=80"])
     return cfg if not eval_kw else TrainConfig(**{**cfg.__dict__, "eval": EvalConfig(problems=n, **eval_kw)})
 
 
-def test_held_out_problems_are_the_first_short_math500_ones_and_not_training_problems():
+async def test_held_out_problems_are_the_first_short_math500_ones_and_not_training_problems():
     cfg = _cfg(7)
-    _, tasks, option = held_out_tasks(cfg)
-    short = [p for p in load_math("math500") if len(p.problem) <= cfg.env.max_problem_chars]
-    assert [t[0] for t in tasks] == [p.id for p in short[:7]] and option == "index"
+    factory, tasks = await held_out_tasks(cfg)
+    short = [p for p in load_math("math500") if len(p.problem) <= 80]
+    assert tasks.ids == tuple(p.id for p in short[:7])
+    assert tasks.kinds[0] == short[0].id.split("/")[-2] != ""  # the MATH subject
     train_texts = {p.problem for p in load_math("math_train")}
     assert not any(p.problem in train_texts for p in short[:7])
+    env = factory()  # env.kwargs with env.eval_kwargs over them: the training filter applies too
+    assert env.problems == tuple(short) and env.max_turns == cfg.rollout.max_turns == 2
+    assert env.sandbox_backend == "process"
+    obs, info = await env.reset(options={"task": 6})
+    assert info["task_id"] == tasks.ids[6] and obs.startswith(short[6].problem)
+    await env.close()
 
 
 async def test_success_rate_counts_exactly_the_correct_answers():
     cfg = _cfg(5, samples_per_problem=2, concurrency=3)
-    _, tasks, _ = held_out_tasks(cfg)
+    _, tasks = await held_out_tasks(cfg)
     problems = {p.id: p for p in load_math("math500")}
-    engine = AnswerEvenProblems([problems[t[0]] for t in tasks])
+    engine = AnswerEvenProblems([problems[i] for i in tasks.ids])
     report = await evaluate_held_out(cfg, engine, CharRenderer(), label="after")
     # problems 0, 2, 4 answered right, twice each: 6 of 10 episodes
     assert (report.tasks, report.episodes, report.errors) == (5, 10, 0)
@@ -58,18 +66,32 @@ async def test_success_rate_counts_exactly_the_correct_answers():
     assert report.version == 4 and report.turns_mean == 1.0 and report.tool_calls_mean == 0.0
     assert set(engine.temperatures) == {0.0}  # greedy by default
     # per-task outcomes, in task order, pair up between two reports of a run
-    assert report.task_ids == tuple(t[0] for t in tasks) and report.outcomes == (1.0, 0.0, 1.0, 0.0, 1.0)
+    assert report.task_ids == tasks.ids and report.outcomes == (1.0, 0.0, 1.0, 0.0, 1.0)
 
 
-def test_the_default_recipe_holds_out_200_procedural_tasks_disjoint_from_training():
+async def test_the_default_recipe_holds_out_200_procedural_tasks_disjoint_from_training():
     cfg, _ = parse_args([])
-    assert (cfg.env.dataset, cfg.env.eval_dataset, cfg.eval.problems) == ("tool_arith_train", "tool_arith_eval", 200)
-    _, tasks, _ = held_out_tasks(cfg)
+    assert cfg.env.kwargs == {"dataset": "tool_arith_train", "max_turns": 2, "sandbox_backend": "auto"}
+    assert (cfg.env.eval_kwargs, cfg.eval.problems) == ({"dataset": "tool_arith_eval"}, 200)
+    _, tasks = await held_out_tasks(cfg)
     held = {p.id: p.problem for p in load_math("tool_arith_eval")}
-    assert len(tasks) == 200 and len({held[t[0]] for t in tasks}) == 200
+    assert len(tasks) == 200 and len({held[i] for i in tasks.ids}) == 200
     train_texts = {p.problem for p in load_math("tool_arith_train")}
-    assert not train_texts & {held[t[0]] for t in tasks}
-    assert {t[0].split("/")[1] for t in tasks} == {"lcm", "basic_arithmetic"}
+    assert not train_texts & {held[i] for i in tasks.ids}
+    assert set(tasks.kinds) == {"lcm", "basic_arithmetic"}
+    assert tasks.kinds == tuple(i.split("/")[1] for i in tasks.ids)
+
+
+async def test_the_shipped_cpu_recipe_holds_out_the_first_200_tool_arith_eval_problems_in_order():
+    """Unchanged by the env-agnostic config: the same 200 problems, in the same order, as before."""
+    cfg, _ = parse_args(["--recipe", "python_tool_cpu"])
+    factory, tasks = await held_out_tasks(cfg)
+    assert tasks.ids == tuple(p.id for p in load_math("tool_arith_eval")[:200])
+    env = factory()
+    assert (env.max_turns, env.sandbox_backend) == (2, "auto")
+    # and the training env plays the whole training set
+    train = setup.env_factory(cfg)()
+    assert train.problems == load_math("tool_arith_train") and train.max_turns == 2
 
 
 def test_eval_config_and_training_temperature_are_checked():
@@ -79,18 +101,32 @@ def test_eval_config_and_training_temperature_are_checked():
         EvalConfig(temperature=float("nan"))
     with pytest.raises(ConfigError, match="rollout.temperature must be > 0"):
         parse_args(["rollout.temperature=0"])
-    with pytest.raises(ConfigError, match="needs env.id python_tool or alfworld"):
-        held_out_tasks(parse_args(["--recipe", "python_tool_cpu", "--env", "guess_number", "eval.problems=2"])[0])
+
+
+async def test_an_env_without_tasks_has_no_held_out_evaluation(monkeypatch):
+    import agentenv
+
+    monkeypatch.setitem(agentenv.registry, "tests/Repeat-v0", agentenv.registration.EnvSpec(
+        "tests/Repeat-v0", "tests.tiny_env:RepeatNumberEnv"))
+    cfg, _ = parse_args(["--recipe", "generic_cpu", "--env", "tests/Repeat-v0", "eval.problems=2"])
+    with pytest.raises(ConfigError, match=r"'tests/Repeat-v0' declares no fixed tasks .*set eval.problems=0"):
+        await held_out_tasks(cfg)
+    # the held-out env's arguments are checked like the training env's
+    cfg, _ = parse_args(["--recipe", "generic_cpu", "--env", "tests/Repeat-v0", "eval.problems=2",
+                         "env.eval_kwargs.split=valid"])
+    with pytest.raises(ConfigError, match="does not take 'split'; it takes: high, max_tries"):
+        await held_out_tasks(cfg)
 
 
 @pytest.mark.alfworld
-def test_alfworld_held_out_games_are_the_first_unseen_ones():
+async def test_alfworld_held_out_games_are_the_first_unseen_ones():
     pytest.importorskip("alfworld", reason="ALFWorld is installed by scripts/install_alfworld.sh")
     from agentenv.envs.alfworld import list_games
 
     cfg, _ = parse_args(["--env", "alfworld", "eval.problems=3"])
-    factory, tasks, option = held_out_tasks(cfg)
+    factory, tasks = await held_out_tasks(cfg)
     unseen = list_games("valid_unseen")[:3]
-    assert tasks == [(g.name, g.task_type) for g in unseen] and option == "game"
+    assert tasks.ids == tuple(f"valid_unseen/{g.name}" for g in unseen)
+    assert tasks.kinds == tuple(g.task_type for g in unseen)
     env = factory()
-    assert env.split == "valid_unseen" and env.max_steps == cfg.rollout.max_turns
+    assert env.split == "valid_unseen" and env.max_steps == cfg.rollout.max_turns == 4

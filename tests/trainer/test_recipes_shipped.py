@@ -9,17 +9,40 @@ from agentenv.errors import ConfigError
 from agentenv.trainer.recipe import parse_args, resolve_recipe
 from agentenv.trainer.recipe_files import RECIPES_DIR
 
-SHIPPED = {"python_tool_cpu", "alfworld_cpu", "python_tool_qwen2.5_7b", "alfworld_qwen2.5_7b"}
+SHIPPED = {"python_tool_cpu", "alfworld_cpu", "python_tool_qwen2.5_7b", "alfworld_qwen2.5_7b", "generic_cpu"}
 
 
 def test_every_shipped_recipe_loads_by_name():
     found = {p.stem for p in RECIPES_DIR.glob("*.yaml")}
     assert found == SHIPPED
-    for name in sorted(found):
+    for name in sorted(found - {"generic_cpu"}):
         assert resolve_recipe(name) == RECIPES_DIR / f"{name}.yaml"
         cfg, _ = parse_args(["--recipe", name])
         assert cfg.env.id == name.split("_cpu")[0].split("_qwen")[0]
         assert cfg.run.run_dir == f"runs/{name}"
+
+
+@pytest.mark.parametrize("name, limit, value", [
+    ("python_tool_cpu", "max_turns", 2), ("python_tool_qwen2.5_7b", "max_turns", 8),
+    ("alfworld_cpu", "max_steps", 4), ("alfworld_qwen2.5_7b", "max_steps", 50)])
+def test_env_turn_limits_are_the_rollout_limits_and_held_out_sets_are_env_arguments(name, limit, value):
+    cfg, _ = parse_args(["--recipe", name])
+    assert cfg.env.kwargs[limit] == cfg.rollout.max_turns == value
+    key = "dataset" if cfg.env.id == "python_tool" else "split"
+    assert cfg.env.kwargs[key] != cfg.env.eval_kwargs[key] and set(cfg.env.eval_kwargs) == {key}
+
+
+def test_the_generic_recipe_assumes_nothing_about_the_env():
+    cfg, _ = parse_args(["--recipe", "generic_cpu", "--env", "alfworld"])
+    assert cfg.env.id == "alfworld" and cfg.env.kwargs == {} and cfg.env.eval_kwargs == {}
+    assert cfg.warmup.steps == 0 and cfg.eval.problems == 0 and cfg.model.name is None
+    assert cfg.run.run_dir == "runs/generic_cpu"
+
+
+def test_removed_env_fields_are_unknown_fields():
+    for field in ("dataset", "eval_dataset", "max_problem_chars"):
+        with pytest.raises(ConfigError, match=rf"env: unknown field\(s\) \['{field}'\]"):
+            parse_args([f"env.{field}=x"])
 
 
 def test_env_picks_its_cpu_recipe_and_alfworld_has_no_warmup():
