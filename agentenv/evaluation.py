@@ -1,4 +1,4 @@
-"""Evaluation: success rate of an agent on a fixed set of games, e.g. ALFWorld seen / unseen.
+"""Evaluation: success rate of an agent on an environment's fixed tasks, e.g. ALFWorld seen / unseen.
 
 Three layers, each usable alone:
 
@@ -7,10 +7,13 @@ Three layers, each usable alone:
   loop with an engine), the walkthrough oracle, or a scripted agent in tests. ``concurrency``
   environments are built and reused, so at most that many games are live at once.
 * :func:`aggregate` is a pure function from results to an :class:`EvalReport`: success rate overall
-  and per task type, mean steps, and pass@K over K samples per game (ALFWorld papers report the
-  mean success over the episodes; with K = 3 samples per game as in the papers).
-* :func:`main` is ``agentenv eval``: it loads the model and engine, runs, prints a table and writes
-  the report as JSON.
+  and per task kind (ALFWorld: task type), mean steps, and pass@K over K samples per task (ALFWorld
+  papers report the mean success over the episodes; with K = 3 samples per game as in the papers).
+* :func:`main` is ``agentenv eval``: for any registered environment that declares its tasks
+  (:meth:`agentenv.core.Env.tasks`), it loads the model and engine, plays the tasks, prints a table
+  and writes the report as JSON.
+
+"Game" in the names below is any task of the environment; "task type" is its kind.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agentenv.core import Env
+from agentenv.core import Env, TaskSet
 from agentenv.errors import AgentEnvError, ConfigError
 
 logger = logging.getLogger(__name__)
@@ -35,12 +38,13 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class EpisodeJob:
-    """One episode to play: game ``game_index`` of the split, sample number ``sample``.
+    """One episode to play: task ``game_index`` of the environment's tasks, sample number ``sample``.
 
     Attributes:
-        game_index: Index into the environment's sorted game list (``reset(options={"game": i})``).
-        game: Game name (for the report).
-        task_type: Task type of the game (for the report).
+        game_index: Index into the environment's :meth:`~agentenv.core.Env.tasks`
+            (``reset(options={"task": i})``).
+        game: Task id (for the report).
+        task_type: Kind of the task (for the report).
         sample: 0..K-1, which of the K samples of this game.
         seed: Seed passed to ``env.reset`` (and so to the sampler through the rollout loop).
     """
@@ -179,7 +183,7 @@ async def run_jobs(
 
 
 def policy_agent(make_policy: Callable[[EpisodeJob, Mapping[str, Any]], Policy]) -> Agent:
-    """An agent that resets the env to the job's game and steps it with a per-step policy.
+    """An agent that resets the env to the job's task and steps it with a per-step policy.
 
     Args:
         make_policy: ``make_policy(job, reset_info)`` returns the episode's policy.
@@ -187,7 +191,7 @@ def policy_agent(make_policy: Callable[[EpisodeJob, Mapping[str, Any]], Policy])
 
     async def agent(env: Env, job: EpisodeJob) -> EpisodeResult:
         start = time.perf_counter()
-        obs, info = await env.reset(seed=job.seed, options={"game": job.game_index})
+        obs, info = await env.reset(seed=job.seed, options={"task": job.game_index})
         policy = make_policy(job, info)
         total, steps, won = 0.0, 0, False
         while True:
@@ -213,14 +217,17 @@ def model_agent(engine: Any, renderer: Any, cfg: Any) -> Agent:
         engine: A :class:`~agentenv.engines.base.GenerationEngine`.
         renderer: The chat renderer of the engine's tokenizer.
         cfg: An ``agentenv.rollout.RolloutConfig`` (its ``max_turns`` should cover the env's steps).
+
+    An episode is won when ``info["won"]`` says so or, for envs that do not report it, when its
+    reward is positive; its steps are ``info["steps"]``, else the assistant turns.
     """
     from agentenv.rollout import run_episode
 
     async def agent(env: Env, job: EpisodeJob) -> EpisodeResult:
         start = time.perf_counter()
-        traj = await run_episode(env, engine, renderer, cfg, seed=job.seed, options={"game": job.game_index})
+        traj = await run_episode(env, engine, renderer, cfg, seed=job.seed, options={"task": job.game_index})
         info = traj.info
-        won = bool(info.get("won", False)) and traj.status != "error"
+        won = bool(info.get("won", traj.reward > 0)) and traj.status != "error"
         trunc = info.get("truncation")
         if traj.status == "error" or won:
             ending = "error" if traj.status == "error" else "won"
@@ -232,7 +239,7 @@ def model_agent(engine: Any, renderer: Any, cfg: Any) -> Agent:
             job.sample,
             won=won,
             reward=float(traj.reward),
-            steps=int(info.get("steps", 0)),
+            steps=int(info.get("steps", info.get("turns", 0))),
             seconds=time.perf_counter() - start,
             error=info.get("error") if traj.status == "error" else None,
             ending=ending,
@@ -243,10 +250,10 @@ def model_agent(engine: Any, renderer: Any, cfg: Any) -> Agent:
 
 @dataclass(frozen=True)
 class TaskStats:
-    """Figures of one group of episodes (all, or one task type).
+    """Figures of one group of episodes (all, or one task kind).
 
     Attributes:
-        games: Distinct games.
+        games: Distinct tasks.
         episodes: Episodes played (games x samples).
         successes: Episodes won.
         success_rate: successes / episodes, in [0, 1] (NaN when no episode).
@@ -271,10 +278,10 @@ class EvalReport:
     """What ``agentenv eval`` reports.
 
     Attributes:
-        env / split / model: What was evaluated.
+        env / split / model: What was evaluated (``split``: the env's ``split`` attribute, else ``""``).
         samples_per_game: K.
         overall: Figures over all episodes.
-        per_task: Task type -> figures, in ``task_order`` then alphabetical order.
+        per_task: Task kind (ALFWorld: task type) -> figures, in ``task_order`` then alphabetical order.
         seconds: Wall time of the run (seconds).
         episodes_per_minute: Throughput (episodes / minute).
     """
@@ -366,7 +373,7 @@ def format_table(report: EvalReport) -> str:
         return "    -" if math.isnan(x) else f"{x:5.1f}"
 
     head = (
-        f"{'task type':<24} {'games':>5} {'eps':>5} {'won':>5} {'succ%':>6} {'pass@k%':>7} {'steps':>6} "
+        f"{'kind':<24} {'tasks':>5} {'eps':>5} {'won':>5} {'succ%':>6} {'pass@k%':>7} {'steps':>6} "
         f"{'err':>4}"
     )
     rows = [
@@ -381,7 +388,7 @@ def format_table(report: EvalReport) -> str:
             f"{pct(s.pass_at_k):>7} {num(s.mean_steps):>6} {s.errors:>4}"
         )
 
-    rows += [row(t, s) for t, s in report.per_task.items()]
+    rows += [row(t or "(no kind)", s) for t, s in report.per_task.items()]
     rows += ["-" * len(head), row("overall", report.overall)]
     rows.append(f"{report.seconds:.1f} s, {report.episodes_per_minute:.1f} episodes/min")
     return "\n".join(rows)
@@ -401,10 +408,15 @@ def write_report(report: EvalReport, results: Sequence[EpisodeResult], out: Path
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="agentenv eval", description="Evaluate a model on ALFWorld seen/unseen games."
+        prog="agentenv eval",
+        description="Evaluate a model on the fixed tasks of an environment (default: ALFWorld seen games).",
     )
-    p.add_argument("--env", default="alfworld", choices=["alfworld"])
-    p.add_argument("--split", default="valid_seen", help="valid_seen (140 games) or valid_unseen (134)")
+    p.add_argument("--env", default="alfworld", help="registered environment id (`agentenv envs`); it must "
+                   "declare its tasks (Env.tasks)")
+    p.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE",
+                   help="a constructor argument of the environment (VALUE read as YAML); repeat for more")
+    p.add_argument("--split", default=None, help="shorthand for --env-arg split=SPLIT (ALFWorld: valid_seen, "
+                   "140 games, the default; valid_unseen, 134)")
     p.add_argument("--model", default=None, help="model folder (default: the embedded SmolLM2-135M)")
     p.add_argument("--engine", default="transformers", choices=["transformers", "vllm"])
     p.add_argument(
@@ -413,19 +425,55 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="vLLM memory share (default 0.9 GPU, 0.2 CPU)",
     )
-    p.add_argument("--samples-per-game", type=int, default=3, help="K episodes per game (papers: 3)")
-    p.add_argument("--limit", type=int, default=None, help="play only the first N games")
-    p.add_argument("--concurrency", type=int, default=4, help="games played at once")
-    p.add_argument("--max-steps", type=int, default=50, help="commands per episode")
+    p.add_argument("--samples-per-game", type=int, default=3, help="K episodes per task (papers: 3)")
+    p.add_argument("--limit", type=int, default=None, help="play only the first N tasks")
+    p.add_argument("--concurrency", type=int, default=4, help="episodes played at once")
+    p.add_argument("--max-steps", type=int, default=50, help="turns per episode; also the env's own max_steps "
+                   "or max_turns argument when its constructor takes one (unless --env-arg sets it)")
     p.add_argument("--max-new-tokens", type=int, default=128, help="tokens per reply")
     p.add_argument("--max-total-tokens", type=int, default=6144, help="tokens per episode after the prompt")
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--data-root", default=None, help="the alfworld data folder (default <data>/alfworld)")
+    p.add_argument("--data-root", default=None, help="shorthand for --env-arg data_root=PATH (ALFWorld: the "
+                   "alfworld data folder, default <data>/alfworld)")
     p.add_argument("--out", default="runs/eval", help="folder for report.json and report.txt")
     p.add_argument("--no-progress", action="store_true")
     return p
+
+
+#: Constructor arguments that bound an episode's length; ``--max-steps`` sets the first one an env takes.
+TURN_LIMIT_ARGS = ("max_steps", "max_turns")
+
+
+def env_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """The environment's constructor arguments from ``--env-arg``, ``--split``, ``--data-root`` and ``--max-steps``.
+
+    ``--env-arg KEY=VALUE`` values are read as YAML (``3`` an int, ``true`` a bool, ``a`` a string);
+    ``--max-steps`` fills the first of :data:`TURN_LIMIT_ARGS` the constructor takes, if not given.
+
+    Raises:
+        ConfigError: An ``--env-arg`` without ``=`` or with an empty key.
+        EnvNotFound: ``--env`` is not registered.
+    """
+    import yaml
+
+    from agentenv.registration import constructor_parameters, spec
+
+    kwargs: dict[str, Any] = {}
+    for item in args.env_arg:
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise ConfigError(f"--env-arg {item!r}: expected KEY=VALUE")
+        kwargs[key.strip()] = yaml.safe_load(value)
+    for key, value in (("split", args.split), ("data_root", args.data_root)):
+        if value is not None:
+            kwargs[key] = value
+    accepted = constructor_parameters(spec(args.env).load()) or ()
+    limit = next((k for k in TURN_LIMIT_ARGS if k in accepted), None)
+    if limit is not None:
+        kwargs.setdefault(limit, args.max_steps)
+    return kwargs
 
 
 def _build_engine(args: argparse.Namespace) -> tuple[Any, Any]:
@@ -460,14 +508,31 @@ def _build_engine(args: argparse.Namespace) -> tuple[Any, Any]:
     return TransformersEngine(model, tokenizer, seed=args.seed), ChatRenderer(tokenizer)
 
 
+async def env_tasks(env_id: str, kwargs: Mapping[str, Any]) -> tuple[Callable[[], Env], TaskSet, str]:
+    """The builder of ``make(env_id, **kwargs)``, its tasks and its split label (``env.split`` or ``""``).
+
+    Raises:
+        EnvNotFound / RegistrationError: Unknown or broken environment.
+        ConfigError: A constructor argument it does not take (the message lists the ones it takes),
+            or an env that declares no tasks (``tasks()`` is None) or none at all.
+        DataError: The env's tasks cannot be read.
+    """
+    from agentenv.registration import make
+
+    async with make(env_id, **kwargs) as env:
+        tasks, split = env.tasks(), str(getattr(env, "split", ""))
+    if tasks is None or not len(tasks):
+        raise ConfigError(f"environment {env_id!r} declares no fixed tasks (Env.tasks), so `agentenv eval` "
+                          "has nothing to play")
+    return (lambda: make(env_id, **kwargs)), tasks, split
+
+
 async def _run(args: argparse.Namespace) -> tuple[EvalReport, list[EpisodeResult]]:
-    from agentenv.envs.alfworld import AlfWorldEnv, list_games
-    from agentenv.envs.alfworld.games import TASK_TYPES, canonical_split
     from agentenv.rollout import RolloutConfig
 
-    games = list_games(args.split, args.data_root)
+    factory, tasks, split = await env_tasks(args.env, env_kwargs(args))
     jobs = make_jobs(
-        [(g.name, g.task_type) for g in games],
+        list(zip(tasks.ids, tasks.kinds, strict=True)),
         samples_per_game=args.samples_per_game,
         limit=args.limit,
         seed=args.seed,
@@ -485,7 +550,7 @@ async def _run(args: argparse.Namespace) -> tuple[EvalReport, list[EpisodeResult
         results = await run_jobs(
             jobs,
             model_agent(engine, renderer, cfg),
-            lambda: AlfWorldEnv(args.split, max_steps=args.max_steps, data_root=args.data_root, games=games),
+            factory,
             concurrency=args.concurrency,
             progress=not args.no_progress,
         )
@@ -494,10 +559,10 @@ async def _run(args: argparse.Namespace) -> tuple[EvalReport, list[EpisodeResult
     report = aggregate(
         results,
         env=args.env,
-        split=canonical_split(args.split),
+        split=split,
         model=args.model or "SmolLM2-135M (embedded)",
         samples_per_game=args.samples_per_game,
-        task_order=list(TASK_TYPES.values()),
+        task_order=list(dict.fromkeys(tasks.kinds)),  # every kind of the env, in task order
         seconds=time.perf_counter() - start,
     )
     return report, results
@@ -506,7 +571,8 @@ async def _run(args: argparse.Namespace) -> tuple[EvalReport, list[EpisodeResult
 def main(argv: Sequence[str] | None = None) -> int:
     """``agentenv eval``: print and write the success-rate report; exit status 0, or 2 on bad input.
 
-    Example: ``agentenv eval --env alfworld --split valid_unseen --model PATH --samples-per-game 3``.
+    Examples: ``agentenv eval --env alfworld --split valid_unseen --model PATH --samples-per-game 3``;
+    ``agentenv eval --env examples/GuessNumber-v0 --env-arg high=20 --samples-per-game 1``.
     """
     args = _parser().parse_args(argv)
     try:

@@ -124,7 +124,7 @@ class GuessEnv(Env[str, str]):
 
     async def reset(self, *, seed=None, options=None):
         await super().reset(seed=seed)
-        self.game = int((options or {})["game"])
+        self.game = int((options or {})["task"])
         if self.game == 13:
             raise ValueError("game 13 is cursed")
         self.steps = 0
@@ -199,3 +199,38 @@ def test_main_rejects_bad_input_cleanly(capsys) -> None:
     assert "unknown ALFWorld split 'valid_train'" in capsys.readouterr().err
     assert main(["--split", "valid_seen", "--samples-per-game", "0", "--no-progress"]) == 2
     assert "samples_per_game must be >= 1" in capsys.readouterr().err
+
+
+def test_main_evaluates_any_env_that_declares_tasks(guess_number, monkeypatch, tmp_path, capsys) -> None:
+    """``agentenv eval --env examples/GuessNumber-v0``: every secret is a task; always guessing 1 wins task 0."""
+    from agentenv import evaluation
+
+    engine = ScriptedEngine(["1"])
+    monkeypatch.setattr(evaluation, "_build_engine", lambda args: (engine, CharRenderer()))
+    argv = ["--env", guess_number, "--env-arg", "high=3", "--samples-per-game", "2", "--max-steps", "2",
+            "--concurrency", "2", "--no-progress", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert (report["env"], report["split"]) == (guess_number, "")
+    overall = report["overall"]
+    assert (overall["games"], overall["episodes"], overall["successes"], overall["errors"]) == (3, 6, 2, 0)
+    assert overall["pass_at_k"] == pytest.approx(1 / 3) and list(report["per_task"]) == [""]
+    by_task = {(e["game"], e["sample"]): (e["won"], e["steps"], e["ending"]) for e in report["episodes"]}
+    assert by_task[("secret-1", 0)] == by_task[("secret-1", 1)] == (True, 1, "won")
+    # --max-steps is also the env's own max_turns: the env truncates after two wrong guesses
+    assert by_task[("secret-3", 1)] == (False, 2, "truncated")
+    assert "(no kind)" in capsys.readouterr().out
+
+
+def test_main_refuses_envs_without_tasks_and_arguments_they_do_not_take(guess_number, monkeypatch, capsys) -> None:
+    import agentenv
+    from agentenv.registration import EnvSpec
+
+    spec = EnvSpec("tests/Repeat-v0", "tests.tiny_env:RepeatNumberEnv")
+    monkeypatch.setitem(agentenv.registry, "tests/Repeat-v0", spec)
+    assert main(["--env", "tests/Repeat-v0", "--no-progress"]) == 2
+    assert "'tests/Repeat-v0' declares no fixed tasks" in capsys.readouterr().err
+    assert main(["--env", guess_number, "--split", "valid_seen", "--no-progress"]) == 2
+    assert "does not take 'split'; it takes: low, high, max_turns" in capsys.readouterr().err
+    assert main(["--env", guess_number, "--env-arg", "high", "--no-progress"]) == 2
+    assert "--env-arg 'high': expected KEY=VALUE" in capsys.readouterr().err
