@@ -10,7 +10,10 @@ Phases, in the order they run:
 4. update: the pool hands over a batch of B chosen by the staleness policy (PACE by default); the
    learner takes exactly one FlashREINFORCE step; the version increments; the new weights reach the
    engine, interrupting in-flight generation, which continues from its prefix.
-5. logging: metrics (JSONL + TensorBoard), per-trajectory staleness, checkpoints, plots.
+5. logging: metrics (JSONL + TensorBoard), per-trajectory staleness, checkpoints, plots. Each row
+   carries the seconds the engine, the environments and the learner were busy since the loop began
+   (``busy/*``); the summary, the overlap bound they allow and the overlap the run achieved
+   (``overlap/*``, :mod:`agentenv.trainer.overlap`).
 
 With ``eval.problems > 0`` the policy is evaluated on held-out tasks before the first update and
 after the last one (``eval_before.json``, ``eval_after.json``; both success rates in the summary).
@@ -41,7 +44,7 @@ import yaml
 
 from agentenv.collector import RolloutCollector
 from agentenv.configio import apply_overrides, load_config, read_yaml, to_dict
-from agentenv.engines.busy import BusyTrackingEngine
+from agentenv.engines.busy import BusyClock, BusyTrackingEngine
 from agentenv.errors import AgentEnvError, ConfigError, Interrupted, RunFolderError
 from agentenv.malloc import release_free_heap
 from agentenv.models import check_model
@@ -51,6 +54,7 @@ from agentenv.trainer.checkpoint import CheckpointManager, latest_checkpoint
 from agentenv.trainer.config import TrainConfig
 from agentenv.trainer.heldout import evaluate_held_out, held_out_tasks
 from agentenv.trainer.metrics import MetricsWriter
+from agentenv.trainer.overlap import LoopBusy, overlap, timed_env_factory
 from agentenv.trainer.plots import plot_run
 from agentenv.trainer.recipe_files import find_recipe
 
@@ -197,9 +201,10 @@ async def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False,
     checkpoints = CheckpointManager(run_dir / "checkpoints")
     (run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
     metrics = MetricsWriter(run_dir)
+    busy = LoopBusy(engine.clock)  # engine, environments and learner busy in the update loop (trainer/overlap.py)
 
     collector = RolloutCollector(
-        env_factory,
+        timed_env_factory(env_factory, busy.env),
         engine,
         renderer,
         cfg.rollout,
@@ -237,7 +242,8 @@ async def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False,
         await held_out(cfg, engine, renderer, run_dir, "before", stop)
 
     summary: dict[str, Any] = {}
-    t_loop, busy_at_loop = time.time(), engine.clock.busy_seconds
+    t_loop = time.time()
+    busy.start()
     progress = setup.progress_bar(total=cfg.run.updates, initial=learner.version)
     staleness_log = (run_dir / "staleness.jsonl").open("a")
     decisions_log = (run_dir / "decisions.jsonl").open("a")
@@ -266,7 +272,7 @@ async def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False,
                 trajs = await collector.collect(cfg.run.batch_size)
                 for i in range(0, len(trajs), group_size):
                     pool.add_group(trajs[i : i + group_size])
-            selection = await next_batch(pool, learner, cfg, stop, on_decision, collector)
+            selection = await next_batch(pool, learner, cfg, stop, on_decision, collector, busy.learner)
             decisions_log.flush()
             if selection is None:
                 break
@@ -276,18 +282,21 @@ async def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False,
             # A batch without gradient takes no step (the version stays, the engine keeps its weights,
             # so the next batch is gated at the same lag); it is discarded all the same.
             t_update, consumed_at = time.time(), learner.version
-            stats = await asyncio.to_thread(learner.update, selection.batch, scores=selection.scores)
-            update_s = time.time() - t_update
-            await asyncio.to_thread(release_free_heap)  # the step's freed activations leave the process
+            with busy.learner.running():  # the learner is busy until the engine holds the new weights
+                stats = await asyncio.to_thread(learner.update, selection.batch, scores=selection.scores)
+                update_s = time.time() - t_update
+                await asyncio.to_thread(release_free_heap)  # the step's freed activations leave the process
+                if stats.stepped:  # the state-dict copy runs in a worker thread too
+                    await engine.update_weights(await asyncio.to_thread(learner.weights_for_engine),
+                                                learner.version)
             batches += 1
-            if stats.stepped:  # the state-dict copy runs in a worker thread too
-                await engine.update_weights(await asyncio.to_thread(learner.weights_for_engine), learner.version)
 
             # 5. logging: one row per consumed batch (``update`` is the policy version after it)
             row = setup.update_metrics(learner.version, selection, stats, pool, collector, wait_s, update_s, t_start,
                                        consumed_at=consumed_at)
             row["pool/rejected"] = len(rejected_now)
-            row["engine/busy_share"] = (engine.clock.busy_seconds - busy_at_loop) / max(time.time() - t_loop, 1e-9)
+            row.update(busy.figures())  # busy/engine_s, busy/env_s, busy/learner_s, busy/wall_s: since the loop began
+            row["engine/busy_share"] = row["busy/engine_s"] / max(row["busy/wall_s"], 1e-9)
             row["train/batches"] = batches
             metrics.log(batches, row)
             for traj in selection.batch:
@@ -301,6 +310,7 @@ async def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False,
                 saved_version = learner.version
             summary = row
     finally:
+        loop_busy = busy.figures()
         progress.close()
         staleness_log.close()
         decisions_log.close()
@@ -320,7 +330,9 @@ async def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False,
         summary["eval/before"] = json.loads(before.read_text())["success_rate"]
     if before.exists() and after.exists():
         summary.update(setup.held_out_change(json.loads(before.read_text()), json.loads(after.read_text())))
-    summary = {**summary, "updates": learner.version, "train_s": train_s, "wall_clock_s": time.time() - t_start,
+    summary = {**summary, **overlap(loop_busy["busy/engine_s"], loop_busy["busy/env_s"], loop_busy["busy/learner_s"],
+                                    loop_busy["busy/wall_s"]),
+               "updates": learner.version, "train_s": train_s, "wall_clock_s": time.time() - t_start,
                "peak_rss_gb": setup.peak_rss_gb(), "interrupted": stop.is_set()}
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
@@ -374,8 +386,10 @@ def check_resumable(path: Path | None, extra: dict[str, Any], identity: dict[str
 
 
 async def next_batch(pool: TrajectoryPool, learner: Any, cfg: TrainConfig, stop: asyncio.Event,
-                     on_decision: Any, collector: RolloutCollector) -> Any:
+                     on_decision: Any, collector: RolloutCollector, learner_clock: BusyClock | None = None) -> Any:
     """Wait until the pool yields a full batch of B under the staleness policy (None when stopped).
+
+    PACE's scoring passes (``staleness.drift_mode=scoring``) run on ``learner_clock`` when given.
 
     Every selection attempt is a logged decision: ``on_decision(selection)`` sees each one, also
     the attempts that rejected trajectories but left too few for a batch. Failed episodes never
@@ -388,7 +402,7 @@ async def next_batch(pool: TrajectoryPool, learner: Any, cfg: TrainConfig, stop:
             every 50 ms, so an asynchronous run stops within that of the collector's limit.
     """
     scoring = cfg.staleness.policy == "pace" and cfg.staleness.drift_mode == "scoring"
-    scores = OffLoopScores(learner) if scoring else None
+    scores = OffLoopScores(learner, learner_clock) if scoring else None
     while not stop.is_set():
         if collector.failure_streak >= failure_limit(cfg.run.concurrency):
             raise AgentEnvError(f"the last {collector.failure_streak} episodes all failed; "
@@ -414,24 +428,32 @@ class OffLoopScores:
     list); :meth:`lookup`, the scorer handed to the pool, then answers from that cache and scores on
     the loop only what arrived after ``prepare`` (a trajectory or two). One instance serves one call
     of :func:`next_batch`, during which the learner's version does not move, so the scores stay valid.
+
+    Args:
+        learner: Scores with ``learner.score``.
+        clock: The learner's busy clock, run while it scores (a fresh one by default).
     """
 
-    def __init__(self, learner: Any) -> None:
+    def __init__(self, learner: Any, clock: BusyClock | None = None) -> None:
         self.learner = learner
+        self.clock = clock or BusyClock()
         self.cache: dict[str, torch.Tensor] = {}
 
     async def prepare(self, trajectories: list[Any]) -> None:
         """Score, in a worker thread, those of ``trajectories`` not cached yet."""
         todo = [t for t in trajectories if t.id not in self.cache]
         if todo:
-            out = await asyncio.to_thread(self.learner.score, todo)
+            with self.clock.running():
+                out = await asyncio.to_thread(self.learner.score, todo)
             self.cache.update(zip((t.id for t in todo), out, strict=True))
 
     def lookup(self, trajectories: list[Any]) -> list[torch.Tensor]:
         """The drift scorer for ``select_batch``: cached scores, missing ones computed here."""
         missing = [t for t in trajectories if t.id not in self.cache]
         if missing:
-            self.cache.update(zip((t.id for t in missing), self.learner.score(missing), strict=True))
+            with self.clock.running():
+                out = self.learner.score(missing)
+            self.cache.update(zip((t.id for t in missing), out, strict=True))
         return [self.cache[t.id] for t in trajectories]
 
 

@@ -7,8 +7,9 @@ learner trains; asynchronous RL keeps it busy; the ratio of busy time to wall-cl
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from agentenv.engines.base import GenerationEngine, GenerationOutput, SamplingParams
@@ -47,6 +48,15 @@ class BusyClock:
         self._in_flight -= 1
         if self._in_flight == 0:
             self._busy += self._clock() - self._since
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[None]:
+        """A request for the length of the ``with`` block (also when it raises or is cancelled)."""
+        self.start()
+        try:
+            yield
+        finally:
+            self.stop()
 
     @property
     def busy_seconds(self) -> float:
