@@ -4,8 +4,9 @@ Runs the recipe synchronously (no overlap: the baseline) and asynchronously with
 policies ``none``, ``max_lag`` and ``pace``, each in its own run folder under ``--out``, then prints
 and writes a table of training wall-clock time (the update loop, without model loading, warm-up or
 held-out evaluation, which the comparison turns off unless ``eval.problems=N`` is passed), reward,
-generation and waiting staleness, rejection rate, and the share of the loop's wall-clock time the
-generation engine was busy.
+generation and waiting staleness, rejection rate, the share of the loop's wall-clock time the
+generation engine was busy, and the overlap bound and overlap achieved of the engine, environments and
+learner (:func:`agentenv.trainer.overlap.overlap`; None for a run that predates them).
 """
 
 from __future__ import annotations
@@ -47,7 +48,13 @@ def summarize(name: str, run_dir: Path) -> dict[str, Any]:
         "ws_mean": round(statistics.fmean(c["ws"] for c in consumed), 3) if consumed else None,
         "rejection_rate": round(rejected / (rejected + used), 3) if rejected + used else 0.0,
         "engine_busy_share": round(metrics[-1]["engine/busy_share"], 3) if metrics else None,
+        "overlap_bound": _rounded(summary.get("overlap/bound")),
+        "overlap_achieved": _rounded(summary.get("overlap/achieved")),
     }
+
+
+def _rounded(x: float | None) -> float | None:
+    return None if x is None else round(x, 3)
 
 
 def with_ratio_to_sync(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

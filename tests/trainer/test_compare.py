@@ -12,7 +12,8 @@ def _jsonl(path, rows):
 
 
 def test_row_from_a_run_folder(tmp_path):
-    (tmp_path / "summary.json").write_text(json.dumps({"updates": 2, "train_s": 41.26, "wall_clock_s": 90.0}))
+    (tmp_path / "summary.json").write_text(json.dumps({"updates": 2, "train_s": 41.26, "wall_clock_s": 90.0,
+                                                       "overlap/bound": 2.46154, "overlap/achieved": 1.77778}))
     _jsonl(tmp_path / "metrics.jsonl", [
         {"update": 1, "reward/mean": 0.25, "pool/rejected": 3, "engine/busy_share": 0.5},
         {"update": 2, "reward/mean": 0.75, "pool/rejected": 1, "engine/busy_share": 0.8125},
@@ -24,6 +25,7 @@ def test_row_from_a_run_folder(tmp_path):
         "gs_mean": 1.0, "ws_mean": 1.0,
         "rejection_rate": 0.5,  # 4 rejected, 4 consumed
         "engine_busy_share": 0.812,  # the last row's cumulative share
+        "overlap_bound": 2.462, "overlap_achieved": 1.778,
     }
     table = markdown_table([row])
     assert table.splitlines()[0].startswith("| setting | updates | train_s |")
@@ -34,3 +36,11 @@ def test_time_is_compared_with_the_sync_baseline():
     rows = [{"setting": "sync", "train_s": 80.0}, {"setting": "async-pace", "train_s": 60.0}]
     assert [r["time_vs_sync"] for r in with_ratio_to_sync(rows)] == [1.0, 0.75]
     assert with_ratio_to_sync(rows[1:])[0]["time_vs_sync"] is None  # no baseline run
+
+
+def test_a_run_without_overlap_figures_has_none(tmp_path):
+    (tmp_path / "summary.json").write_text(json.dumps({"updates": 1, "train_s": 5.0}))  # written before them
+    _jsonl(tmp_path / "metrics.jsonl", [{"update": 1, "reward/mean": 1.0, "engine/busy_share": 0.5}])
+    _jsonl(tmp_path / "staleness.jsonl", [{"gs": 0, "ws": 0}])
+    row = summarize("sync", tmp_path)
+    assert (row["overlap_bound"], row["overlap_achieved"]) == (None, None)
