@@ -7,15 +7,7 @@ import pytest
 from agentenv.engines.base import SamplingParams
 from agentenv.engines.busy import BusyClock, BusyTrackingEngine
 from agentenv.errors import EngineError
-from tests.fakes import ScriptedEngine
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.fakes import FakeClock, ScriptedEngine
 
 
 def test_overlapping_requests_count_once_and_gaps_not_at_all():

@@ -16,6 +16,16 @@ from agentenv.errors import EngineError, ResetNeeded
 EOT = 1000
 
 
+class FakeClock:
+    """A monotonic time source (seconds) that moves only when a test sets ``now``."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 class CharRenderer:
     stop_token_ids = (EOT,)
 

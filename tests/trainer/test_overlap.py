@@ -18,19 +18,11 @@ from agentenv.core import Env, StepResult
 from agentenv.engines.busy import BusyClock
 from agentenv.trainer import recipe, setup
 from agentenv.trainer.overlap import BusyTrackingEnv, LoopBusy, overlap, timed_env_factory
-from tests.fakes import CharRenderer
+from tests.fakes import CharRenderer, FakeClock
 
 from .test_learning_signal import tiny_lm
 
 pytestmark = pytest.mark.timeout(120)
-
-
-class FakeTime:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 # -- the bound -------------------------------------------------------------------------------------
@@ -65,7 +57,7 @@ def test_overlap_refuses_impossible_figures():
 
 # -- the clocks ------------------------------------------------------------------------------------
 def test_loop_busy_counts_from_its_start():
-    t = FakeTime()
+    t = FakeClock()
     engine = BusyClock(t)
     engine.start()
     t.now = 5.0  # a held-out evaluation before the loop: not counted
@@ -86,7 +78,7 @@ def test_loop_busy_counts_from_its_start():
 
 
 def test_running_stops_the_clock_when_the_block_raises():
-    t = FakeTime()
+    t = FakeClock()
     clock = BusyClock(t)
     with pytest.raises(KeyError), clock.running():
         t.now = 2.0
@@ -115,7 +107,7 @@ class GatedEnv(Env[str, str]):
 
 
 def test_environment_calls_in_flight_together_count_once():
-    t = FakeTime()
+    t = FakeClock()
     clock = BusyClock(t)
     make = timed_env_factory(GatedEnv, clock)
     a, b = make(), make()
