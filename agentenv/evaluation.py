@@ -508,8 +508,12 @@ def _build_engine(args: argparse.Namespace) -> tuple[Any, Any]:
     return TransformersEngine(model, tokenizer, seed=args.seed), ChatRenderer(tokenizer)
 
 
-async def env_tasks(env_id: str, kwargs: Mapping[str, Any]) -> tuple[Callable[[], Env], TaskSet, str]:
+async def env_tasks(env_id: str, kwargs: Mapping[str, Any], *, remedy: str = "`agentenv eval` has nothing to play"
+                    ) -> tuple[Callable[[], Env], TaskSet, str]:
     """The builder of ``make(env_id, **kwargs)``, its tasks and its split label (``env.split`` or ``""``).
+
+    One environment is built and closed to read its :meth:`~agentenv.core.Env.tasks`; ``remedy``
+    ends the error message when it declares none (what the caller cannot do, or what to change).
 
     Raises:
         EnvNotFound / RegistrationError: Unknown or broken environment.
@@ -522,8 +526,7 @@ async def env_tasks(env_id: str, kwargs: Mapping[str, Any]) -> tuple[Callable[[]
     async with make(env_id, **kwargs) as env:
         tasks, split = env.tasks(), str(getattr(env, "split", ""))
     if tasks is None or not len(tasks):
-        raise ConfigError(f"environment {env_id!r} declares no fixed tasks (Env.tasks), so `agentenv eval` "
-                          "has nothing to play")
+        raise ConfigError(f"environment {env_id!r} declares no fixed tasks (Env.tasks), so {remedy}")
     return (lambda: make(env_id, **kwargs)), tasks, split
 
 

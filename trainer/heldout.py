@@ -18,9 +18,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from agentenv.core import Env, TaskSet
-from agentenv.errors import ConfigError
-from agentenv.evaluation import EpisodeJob, EpisodeResult, make_jobs, run_jobs
-from agentenv.registration import make
+from agentenv.evaluation import EpisodeJob, EpisodeResult, env_tasks, make_jobs, run_jobs
 from agentenv.rollout import run_episode
 from agentenv.trainer.config import TrainConfig
 
@@ -74,16 +72,9 @@ async def held_out_tasks(cfg: TrainConfig) -> tuple[Callable[[], Env], TaskSet]:
             empty list, or a constructor argument is wrong (the message lists the ones it takes).
         DataError: The held-out data cannot be read.
     """
-    kwargs = {**cfg.env.kwargs, **cfg.env.eval_kwargs}
-    async with make(cfg.env.id, **kwargs) as env:
-        tasks = env.tasks()
-    if tasks is None:
-        raise ConfigError(f"eval.problems={cfg.eval.problems}: environment {cfg.env.id!r} declares no fixed "
-                          "tasks (its tasks() is None), so it has no held-out evaluation; set eval.problems=0")
-    if not len(tasks):
-        raise ConfigError(f"the held-out environment {cfg.env.id!r} (env.eval_kwargs {cfg.env.eval_kwargs}) "
-                          "has no task")
-    return (lambda: make(cfg.env.id, **kwargs)), tasks.first(cfg.eval.problems)
+    remedy = f"eval.problems={cfg.eval.problems} has no held-out tasks to play; set eval.problems=0"
+    factory, tasks, _ = await env_tasks(cfg.env.id, {**cfg.env.kwargs, **cfg.env.eval_kwargs}, remedy=remedy)
+    return factory, tasks.first(cfg.eval.problems)
 
 
 async def evaluate_held_out(cfg: TrainConfig, engine: Any, renderer: Any, *, label: str) -> HeldOutReport:
