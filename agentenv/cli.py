@@ -17,7 +17,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "compare": ("agentenv.trainer.compare:main", "run one recipe in sync and async modes; print a table"),
     "envs": ("agentenv.registration_cli:list_envs_main", "list the registered environments"),
     "sandbox": ("agentenv.sandboxes.cli:main", "sandbox tools: build-image, info"),
-    "simulate": ("agentenv.simulator:main", "simulate the asynchronous pipeline under each staleness policy"),
+    "simulate": ("agentenv.trainer.simulator:main", "simulate the asynchronous pipeline under each staleness policy"),
     "alfworld-oracle": ("agentenv.envs.alfworld.oracle:oracle_main", "replay ALFWorld walkthroughs (sanity check)"),
 }
 

@@ -25,9 +25,9 @@ import time
 from pathlib import Path
 
 from agentenv.chat import ChatRenderer
-from agentenv.datasets import MathProblem
 from agentenv.envs.python_tool import PythonToolEnv
-from agentenv.grading import Grader, math_verify_fn
+from agentenv.envs.python_tool.datasets import MathProblem
+from agentenv.envs.python_tool.grading import Grader, math_verify_fn
 from agentenv.sandboxes import SandboxLimits, create_sandbox
 from agentenv.tool_calls import HermesToolCallParser
 

@@ -8,10 +8,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 from agentenv.core import Demonstration, Env, StepResult, TaskSet
-from agentenv.datasets import MathProblem, load_math
+from agentenv.envs.python_tool.datasets import MathProblem, load_math
+from agentenv.envs.python_tool.grading import Grader, default_grader
 from agentenv.envs.python_tool.tool import PYTHON_TOOL_SCHEMA, SYSTEM_PROMPT, check_arguments, format_result
 from agentenv.errors import ClosedError, ConfigError, DataError, ResetNeeded
-from agentenv.grading import Grader, default_grader
 from agentenv.sandboxes import SandboxLimits, create_sandbox_pool
 from agentenv.text_spaces import UnicodeText
 from agentenv.tool_calls import HermesToolCallParser, ToolCallError, ToolCallParser
@@ -37,11 +37,11 @@ class PythonToolEnv(Env[str, str]):
     one ``tool`` observation; a malformed call, an unknown tool or empty code gives an error entry
     in that observation and the episode goes on. A reply without any tool call is the final
     answer: the episode terminates with reward 1.0 if its last ``\\boxed{}`` matches the ground truth
-    (:mod:`agentenv.grading`), else 0.0. After ``max_turns`` replies with tool calls it is truncated
+    (:mod:`agentenv.envs.python_tool.grading`), else 0.0. After ``max_turns`` replies with tool calls it is truncated
     (reward 0.0).
 
     Args:
-        dataset: Math set name (:func:`agentenv.datasets.dataset_names`).
+        dataset: Math set name (:func:`agentenv.envs.python_tool.datasets.dataset_names`).
         max_turns: Most replies (steps) per episode, >= 1.
         sandbox_backend: ``"auto"``, ``"docker"``, ``"bwrap"`` or ``"process"``.
         sandbox_timeout_s: Seconds one tool call may run.

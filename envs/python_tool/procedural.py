@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from agentenv.datasets import MathProblem
+from agentenv.envs.python_tool.datasets import MathProblem
 from agentenv.errors import ConfigError, DataError
 
 __all__ = ["PROCEDURAL_SETS", "ProceduralSet", "load_procedural"]

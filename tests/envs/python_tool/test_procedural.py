@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from agentenv.datasets import dataset_names, load_math
+from agentenv.envs.python_tool.datasets import dataset_names, load_math
 from agentenv.envs.python_tool.procedural import PROCEDURAL_SETS, load_procedural
 from agentenv.errors import DataError
 

@@ -7,10 +7,10 @@ import json
 import pytest
 
 import agentenv
-from agentenv.datasets import MathProblem
 from agentenv.envs.python_tool import PYTHON_TOOL_SCHEMA, PythonToolEnv
+from agentenv.envs.python_tool.datasets import MathProblem
+from agentenv.envs.python_tool.grading import Grader
 from agentenv.errors import ConfigError, DataError, ResetNeeded
-from agentenv.grading import Grader
 from agentenv.sandboxes import ExecResult, ExecStatus
 
 PROBLEMS = [MathProblem(f"t/{i}", f"What is {i} + {i}?", str(2 * i), "t") for i in range(5)]

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from agentenv.chat import ChatRenderer
-from agentenv.datasets import MathProblem
 from agentenv.engines.base import GenerationOutput, SamplingParams, TokenSpan
 from agentenv.envs.python_tool import PythonToolEnv
-from agentenv.grading import Grader
+from agentenv.envs.python_tool.datasets import MathProblem
+from agentenv.envs.python_tool.grading import Grader
 from agentenv.rollout import RolloutConfig, run_episode
 from tests.smollm_tokenizer import smollm_tokenizer
 

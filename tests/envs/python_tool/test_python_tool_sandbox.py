@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from agentenv.datasets import MathProblem
 from agentenv.envs.python_tool import PythonToolEnv
-from agentenv.grading import Grader
+from agentenv.envs.python_tool.datasets import MathProblem
+from agentenv.envs.python_tool.grading import Grader
 
 PROBLEMS = [
     MathProblem("t/0", "Compute 2^10.", "1024", "t"),

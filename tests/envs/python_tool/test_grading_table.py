@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from agentenv.grading import Grader
+from agentenv.envs.python_tool.grading import Grader
 
 # (reply text, reference answers, expected verdict, kind)
 CASES: list[tuple[str, str | list[str], bool, str]] = [

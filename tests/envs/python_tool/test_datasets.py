@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from agentenv.datasets import DATASETS, MathProblem, dataset_names, load_math
+from agentenv.envs.python_tool.datasets import DATASETS, MathProblem, dataset_names, load_math
 from agentenv.errors import DataError
 
 # Rows in the files, less the 2 upstream rows with an empty answer in math_train / simplelr_math_35.

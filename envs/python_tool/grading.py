@@ -11,7 +11,7 @@ reads several ``\\boxed{}`` in one text as a set. So:
   scientific notation, repeating decimals), inequalities may match intervals, and an exact sympy
   comparison overrides math-verify's float tolerance wherever both sides are exact numbers.
   The rules, and the misses still known, are in ``docs/grading.md``;
-* grading runs in a worker subprocess (``python -m agentenv.grading --worker``, math-verify's own
+* grading runs in a worker subprocess (``python -m agentenv.envs.python_tool.grading --worker``, math-verify's own
   timeouts off); the caller waits at
   most ``timeout_s`` seconds, then kills the worker and a fresh one replaces it. This is safe from
   any thread and, through :func:`grade_answer_async`, from async code.
@@ -591,7 +591,7 @@ def _fn_path(fn: VerifyFn | str) -> str:
 
 
 def _worker_main(fn_path: str) -> None:
-    """Worker loop (``python -m agentenv.grading --worker module:fn``): JSON lines in, JSON lines out.
+    """Worker loop (``python -m agentenv.envs.python_tool.grading --worker module:fn``): JSON lines in, JSON lines out.
 
     The protocol goes over a private copy of the original stdout; fd 1 is pointed at stderr so a
     grader that prints cannot corrupt it.
@@ -601,7 +601,7 @@ def _worker_main(fn_path: str) -> None:
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     fn = _load_fn(fn_path)
-    if fn_path == _fn_path(math_verify_fn).replace("__main__", "agentenv.grading"):
+    if fn_path == _fn_path(math_verify_fn).replace("__main__", "agentenv.envs.python_tool.grading"):
         import math_verify  # noqa: F401  (imported before "ready": startup is not grading time)
     out.write('"ready"\n')
     for line in sys.stdin:
@@ -619,7 +619,7 @@ class _Worker:
     def __init__(self, fn_path: str, start_timeout_s: float) -> None:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "agentenv.grading", "--worker", fn_path],
+            [sys.executable, "-m", "agentenv.envs.python_tool.grading", "--worker", fn_path],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,

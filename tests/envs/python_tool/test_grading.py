@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from agentenv.grading import (
+from agentenv.envs.python_tool.grading import (
     Grader,
     GradeResult,
     extract_final_box_group,
