@@ -428,8 +428,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--samples-per-game", type=int, default=3, help="K episodes per task (papers: 3)")
     p.add_argument("--limit", type=int, default=None, help="play only the first N tasks")
     p.add_argument("--concurrency", type=int, default=4, help="episodes played at once")
-    p.add_argument("--max-steps", type=int, default=50, help="turns per episode; also the env's own max_steps "
-                   "or max_turns argument when its constructor takes one (unless --env-arg sets it)")
+    p.add_argument("--max-steps", type=int, default=None, help="turns per episode, also passed as the env's own "
+                   "max_steps or max_turns argument when its constructor takes one (unless --env-arg sets it); "
+                   f"default: the env's own limit, and at most {DEFAULT_MAX_STEPS} turns")
     p.add_argument("--max-new-tokens", type=int, default=128, help="tokens per reply")
     p.add_argument("--max-total-tokens", type=int, default=6144, help="tokens per episode after the prompt")
     p.add_argument("--temperature", type=float, default=1.0)
@@ -444,13 +445,17 @@ def _parser() -> argparse.ArgumentParser:
 
 #: Constructor arguments that bound an episode's length; ``--max-steps`` sets the first one an env takes.
 TURN_LIMIT_ARGS = ("max_steps", "max_turns")
+#: Turns an episode may take when ``--max-steps`` is not given (ALFWorld's 50 steps): an env's own,
+#: smaller limit ends it first.
+DEFAULT_MAX_STEPS = 50
 
 
 def env_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     """The environment's constructor arguments from ``--env-arg``, ``--split``, ``--data-root`` and ``--max-steps``.
 
     ``--env-arg KEY=VALUE`` values are read as YAML (``3`` an int, ``true`` a bool, ``a`` a string);
-    ``--max-steps`` fills the first of :data:`TURN_LIMIT_ARGS` the constructor takes, if not given.
+    ``--max-steps``, when given, fills the first of :data:`TURN_LIMIT_ARGS` the constructor takes (unless an
+    ``--env-arg`` sets it); without it the env keeps its own default limit.
 
     Raises:
         ConfigError: An ``--env-arg`` without ``=`` or with an empty key.
@@ -471,7 +476,7 @@ def env_kwargs(args: argparse.Namespace) -> dict[str, Any]:
             kwargs[key] = value
     accepted = constructor_parameters(spec(args.env).load()) or ()
     limit = next((k for k in TURN_LIMIT_ARGS if k in accepted), None)
-    if limit is not None:
+    if limit is not None and args.max_steps is not None:
         kwargs.setdefault(limit, args.max_steps)
     return kwargs
 
@@ -541,7 +546,7 @@ async def _run(args: argparse.Namespace) -> tuple[EvalReport, list[EpisodeResult
         seed=args.seed,
     )
     cfg = RolloutConfig(
-        max_turns=args.max_steps,
+        max_turns=args.max_steps or DEFAULT_MAX_STEPS,
         max_new_tokens_per_turn=args.max_new_tokens,
         max_total_tokens=args.max_total_tokens,
         temperature=args.temperature,

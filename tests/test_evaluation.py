@@ -222,6 +222,23 @@ def test_main_evaluates_any_env_that_declares_tasks(guess_number, monkeypatch, t
     assert "(no kind)" in capsys.readouterr().out
 
 
+def test_without_max_steps_the_env_keeps_its_own_turn_limit(guess_number, monkeypatch, tmp_path) -> None:
+    """No ``--max-steps``: GuessNumber's own ``max_turns=7`` ends a game that never guesses right after 7 guesses
+    (not the rollout's cap of 50, which used to be passed on to the env)."""
+    from agentenv import evaluation
+
+    assert evaluation.env_kwargs(evaluation._parser().parse_args(["--env", guess_number])) == {}
+    assert evaluation.env_kwargs(evaluation._parser().parse_args(["--env", guess_number, "--max-steps", "3"])) == {
+        "max_turns": 3}
+    engine = ScriptedEngine(["0"])  # below every secret: never right
+    monkeypatch.setattr(evaluation, "_build_engine", lambda args: (engine, CharRenderer()))
+    argv = ["--env", guess_number, "--env-arg", "high=2", "--samples-per-game", "1", "--no-progress",
+            "--out", str(tmp_path)]
+    assert main(argv) == 0
+    episodes = json.loads((tmp_path / "report.json").read_text())["episodes"]
+    assert [(e["steps"], e["ending"]) for e in episodes] == [(7, "truncated")] * 2
+
+
 def test_main_refuses_envs_without_tasks_and_arguments_they_do_not_take(guess_number, monkeypatch, capsys) -> None:
     import agentenv
     from agentenv.registration import EnvSpec
