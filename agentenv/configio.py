@@ -92,6 +92,9 @@ def _check(value: Any, tp: Any, where: str) -> Any:
 def load_config(cls: type[T], data: Mapping[str, Any], *, where: str = "") -> T:
     """Build dataclass ``cls`` from ``data``, checking keys and types recursively.
 
+    A dataclass may name where its retired fields went in a ``MOVED_FIELDS`` class attribute
+    (``{"old": "where it lives now"}``); the unknown-field error then says so.
+
     Raises:
         ConfigError: An unknown key, a value of the wrong type, or a value the dataclass's own
             ``__post_init__`` rejects; the message names the dotted field.
@@ -100,7 +103,10 @@ def load_config(cls: type[T], data: Mapping[str, Any], *, where: str = "") -> T:
     fields = {f.name for f in dataclasses.fields(cls) if f.init}
     unknown = set(data) - fields
     if unknown:
-        raise ConfigError(f"{where or cls.__name__}: unknown field(s) {sorted(unknown)}; known: {sorted(fields)}")
+        moved = getattr(cls, "MOVED_FIELDS", {})
+        hint = "; ".join(f"{k} is now {moved[k]}" for k in sorted(unknown) if k in moved)
+        hint = f" (written by an older agentenv? {hint})" if hint else ""
+        raise ConfigError(f"{where or cls.__name__}: unknown field(s) {sorted(unknown)}{hint}; known: {sorted(fields)}")
     kwargs = {k: _check(v, hints[k], f"{where + '.' if where else ''}{k}") for k, v in data.items()}
     try:
         return cls(**kwargs)

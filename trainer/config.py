@@ -7,7 +7,7 @@ overridden from the command line (``--optim.lr 1e-5`` or ``optim.lr=1e-5``). All
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from agentenv.errors import ConfigError
 from agentenv.rollout import RolloutConfig
@@ -19,6 +19,12 @@ from agentenv.trainer.warmup import WarmupConfig
 @dataclass(frozen=True)
 class EnvConfig:
     """Which environment, built with which constructor arguments; the trainer knows no env by name."""
+
+    MOVED_FIELDS: ClassVar[dict[str, str]] = {  # config.yaml of runs from before the task contract (issue 13)
+        "dataset": "env.kwargs.dataset",
+        "eval_dataset": "env.eval_kwargs.dataset",
+        "max_problem_chars": "env.kwargs.max_problem_chars",
+    }
 
     id: str = "python_tool"
     """Registered environment id (``agentenv envs`` lists them)."""

@@ -171,7 +171,10 @@ def resumed_config(run_dir: Path, overrides: list[str]) -> TrainConfig:
     path = run_dir / "config.yaml"
     if not path.is_file():
         raise RunFolderError(f"--resume: {run_dir} holds no run (no config.yaml); start it without --resume")
-    return load_config(TrainConfig, apply_overrides(read_yaml(path), overrides))
+    try:
+        return load_config(TrainConfig, apply_overrides(read_yaml(path), overrides))
+    except ConfigError as exc:
+        raise ConfigError(f"--resume: {path}: {exc}") from exc
 
 
 # ---------------------------------------------------------------------------------------------
