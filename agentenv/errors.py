@@ -69,3 +69,23 @@ class EnvCheckError(AgentEnvError, AssertionError):
 
 class Interrupted(AgentEnvError):
     """The user stopped a job (Ctrl-C) at a point where nothing could be kept (e.g. mid warm-up)."""
+
+
+class RemoteEnvError(AgentEnvError):
+    """A remote environment (``agentenv serve``) failed a call: an infrastructure failure, not the policy's.
+
+    Raised by :class:`agentenv.remote.RemoteEnv` when the server cannot be reached, dies, stalls past
+    the timeout, answers something that is not the protocol, or answers a typed error. Like any
+    exception from an environment it ends only its own episode, which the collector counts as failed
+    (never as reward 0) and replays.
+
+    Attributes:
+        kind: The error kind: one of :data:`agentenv.remote.protocol.ERROR_STATUS`'s keys when the
+            server answered one, else ``"unreachable"``, ``"timeout"`` or ``"protocol"``.
+        status: The HTTP status of the answer, or None when there was none.
+    """
+
+    def __init__(self, message: str, *, kind: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.status = status
