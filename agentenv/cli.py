@@ -16,6 +16,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "eval": ("agentenv.evaluation:main", "evaluate a model on an environment (e.g. ALFWorld seen/unseen)"),
     "compare": ("agentenv.trainer.compare:main", "run one recipe in sync and async modes; print a table"),
     "envs": ("agentenv.registration_cli:list_envs_main", "list the registered environments"),
+    "serve": ("agentenv.remote.server:main", "serve a registered environment over HTTP (one session per episode)"),
     "sandbox": ("agentenv.sandboxes.cli:main", "sandbox tools: build-image, info"),
     "simulate": ("agentenv.trainer.simulator:main", "simulate the asynchronous pipeline under each staleness policy"),
     "alfworld-oracle": ("agentenv.envs.alfworld.oracle:oracle_main", "replay ALFWorld walkthroughs (sanity check)"),

@@ -12,7 +12,7 @@ import importlib
 import importlib.metadata
 import inspect
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -124,15 +124,28 @@ def spec(id: str) -> EnvSpec:
         raise EnvNotFound(f"no environment {id!r} is registered (registered: {known})") from None
 
 
-def make(id: str, **kwargs: Any) -> Env:
+def make(id: str, *, remote: str | Sequence[str] | None = None, **kwargs: Any) -> Env:
     """Build the environment registered as ``id``; ``kwargs`` override the registered defaults.
+
+    With ``remote`` (a server URL or a list of them), return an :class:`agentenv.remote.RemoteEnv`
+    playing ``id`` on those ``agentenv serve`` servers instead; ``id`` need not be registered here,
+    and the constructor arguments are the server's (``agentenv serve ID --env-arg K=V``).
 
     Raises:
         EnvNotFound: ``id`` is not registered.
         RegistrationError: The entry point cannot be imported.
         ConfigError: A keyword argument the environment's constructor does not take (e.g. a recipe's
             ``env.kwargs`` written for another environment); the message lists the ones it takes.
+            With ``remote``: any keyword argument, a bad URL, or a server serving another id.
+        RemoteEnvError: With ``remote``: no server answered.
     """
+    if remote is not None:
+        if kwargs:
+            raise ConfigError(f"remote environment {id!r}: constructor arguments ({', '.join(sorted(kwargs))}) "
+                              "belong to the server: agentenv serve ID --env-arg KEY=VALUE")
+        from agentenv.remote.client import RemoteEnv
+
+        return RemoteEnv(id, remote)
     env_spec = spec(id)
     entry = env_spec.load()
     merged = {**env_spec.kwargs, **kwargs}

@@ -36,6 +36,19 @@ class EnvConfig:
     """Constructor arguments merged over ``kwargs`` to build the held-out environment
     (``make(id, **{**kwargs, **eval_kwargs})``, e.g. ``{dataset: tool_arith_eval}`` or
     ``{split: valid_unseen}``); its :meth:`~agentenv.core.Env.tasks` are the held-out tasks."""
+    remote: str | list[str] | None = None
+    """``agentenv serve`` server URL(s) playing ``id`` (``http://host:port``; a list is balanced
+    across episodes), for training and held-out episodes alike; None: the env runs in this process.
+    The servers own the constructor arguments, so ``kwargs`` and ``eval_kwargs`` must be empty."""
+
+    def __post_init__(self) -> None:
+        if self.remote is not None:
+            from agentenv.remote.client import server_urls
+
+            server_urls(self.remote)
+            if self.kwargs or self.eval_kwargs:
+                raise ConfigError("env.remote: env.kwargs and env.eval_kwargs must be empty (the servers build "
+                                  "the env: agentenv serve ID --env-arg KEY=VALUE)")
 
 
 @dataclass(frozen=True)

@@ -73,7 +73,10 @@ async def held_out_tasks(cfg: TrainConfig) -> tuple[Callable[[], Env], TaskSet]:
         DataError: The held-out data cannot be read.
     """
     remedy = f"eval.problems={cfg.eval.problems} has no held-out tasks to play; set eval.problems=0"
-    factory, tasks, _ = await env_tasks(cfg.env.id, {**cfg.env.kwargs, **cfg.env.eval_kwargs}, remedy=remedy)
+    kwargs: dict[str, Any] = {**cfg.env.kwargs, **cfg.env.eval_kwargs}
+    if cfg.env.remote is not None:  # the held-out episodes play on the same servers
+        kwargs["remote"] = cfg.env.remote
+    factory, tasks, _ = await env_tasks(cfg.env.id, kwargs, remedy=remedy)
     return factory, tasks.first(cfg.eval.problems)
 
 

@@ -26,7 +26,7 @@ logger = logging.getLogger(__name__)
 
 # -- environment ----------------------------------------------------------------------------------
 def env_factory(cfg: TrainConfig) -> Callable[[], Env]:
-    """A builder of training environments: ``make(cfg.env.id, **cfg.env.kwargs)``.
+    """A builder of training environments: ``make(cfg.env.id, **cfg.env.kwargs)`` (``remote=`` ``env.remote``).
 
     One environment is built here, so that a wrong id or constructor argument fails now with a clear
     error rather than inside a worker.
@@ -36,8 +36,11 @@ def env_factory(cfg: TrainConfig) -> Callable[[], Env]:
         ConfigError: ``env.kwargs`` holds an argument the constructor does not take (the message
             lists the ones it takes), or a value it refuses.
         DataError: The env's data cannot be read.
+        RemoteEnvError: ``env.remote`` is set and no server answers.
     """
-    kwargs = dict(cfg.env.kwargs)
+    kwargs: dict[str, Any] = dict(cfg.env.kwargs)
+    if cfg.env.remote is not None:  # agentenv serve servers (agentenv.remote.RemoteEnv)
+        kwargs["remote"] = cfg.env.remote
     make(cfg.env.id, **kwargs)
     return lambda: make(cfg.env.id, **kwargs)
 
