@@ -59,7 +59,7 @@ def test_train_a_plugin_env_without_a_recipe(guess_number, tmp_path, monkeypatch
     run = tmp_path / "run"
     assert recipe.main(["--env", guess_number, "--run-dir", str(run), *FAST, "eval.problems=3"]) == 0
     cfg = yaml.safe_load((run / "config.yaml").read_text())
-    assert cfg["env"] == {"id": guess_number, "kwargs": {"high": 3, "max_turns": 2}, "eval_kwargs": {}}
+    assert cfg["env"] == {"id": guess_number, "kwargs": {"high": 3, "max_turns": 2}, "eval_kwargs": {}, "remote": None}
     assert cfg["warmup"]["steps"] == 0 and cfg["run"]["updates"] == 2
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["update"] for r in rows] == [1, 2] and all(r["episodes/errors"] == 0 for r in rows)

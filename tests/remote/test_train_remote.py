@@ -1,0 +1,56 @@
+"""A real training update against a remote environment: ``env.remote`` in the recipe, the env on a server.
+
+The served env (the example plugin) is not even registered in the training process: everything the
+trainer needs comes over HTTP. The policy is a random 1-layer Llama read through a one-character
+renderer (as in ``tests/trainer/test_plugin_env.py``); the collector, pool, learner, engine and the
+held-out evaluation are the real ones.
+"""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+import yaml
+
+import agentenv
+from agentenv.trainer import recipe, setup
+from tests.fakes import CharRenderer
+from tests.remote.serving import GUESS_NUMBER_ID, running
+from tests.trainer.test_plugin_env import tiny_lm
+
+pytestmark = [pytest.mark.timeout(180)]
+
+FAST = [
+    "run.updates=2", "run.batch_size=4", "run.concurrency=4", "run.max_pool_size=8",
+    "rollout.max_turns=2", "rollout.max_new_tokens_per_turn=4", "rollout.max_total_tokens=16",
+    "optim.micro_batch_size=4", "model.max_batch_size=4",
+    "optim.step_on_zero_gradient=true",  # the plumbing is under test: a random policy's rewards may all be equal
+]
+
+
+def test_train_against_a_remote_env(tmp_path, monkeypatch):
+    assert GUESS_NUMBER_ID not in agentenv.registry
+    monkeypatch.setattr(setup, "load_policy", lambda cfg, **_: (tiny_lm(), None, CharRenderer()))
+    run = tmp_path / "run"
+    with running("--env-arg", "high=3", "--env-arg", "max_turns=2") as server:
+        argv = ["--recipe", "generic_cpu", "--env", GUESS_NUMBER_ID, "--run-dir", str(run), *FAST,
+                f"env.remote={server.url}", "eval.problems=3"]
+        assert recipe.main(argv) == 0
+        health = httpx.get(server.url + "/health", timeout=10).json()
+    assert GUESS_NUMBER_ID not in agentenv.registry  # never built in this process
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    assert cfg["env"] == {"id": GUESS_NUMBER_ID, "kwargs": {}, "eval_kwargs": {}, "remote": server.url}
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["update"] for r in rows] == [1, 2] and all(r["episodes/errors"] == 0 for r in rows)
+    consumed = [json.loads(line) for line in (run / "staleness.jsonl").read_text().splitlines()]
+    # the task ids come from the server's env (high=3), so the episodes were played there
+    assert len(consumed) == 8 and {c["task_id"] for c in consumed} <= {"secret-1", "secret-2", "secret-3"}
+    for label, version in (("before", 0), ("after", 2)):
+        report = json.loads((run / f"eval_{label}.json").read_text())
+        assert report["task_ids"] == ["secret-1", "secret-2", "secret-3"] and report["version"] == version
+        assert report["episodes"] == 3 and report["errors"] == 0
+    assert health["sessions"] == 0  # every episode's session was closed
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["updates"] == 2 and not summary["interrupted"]
