@@ -51,9 +51,16 @@ _TOOL_ARITH = (
     ("basic_arithmetic", (("min_terms", 3), ("max_terms", 5), ("min_digits", 1), ("max_digits", 3))),
 )
 
+#: The expressions alone: one kind of prompt, so the success rate the batch-mean baseline estimates is
+#: the same for every prompt of a batch (with tool_arith's two kinds, at 4% and 37% before training,
+#: every LCM rollout got the expressions' higher baseline subtracted; README, "A learning demonstration").
+_TOOL_EXPR = _TOOL_ARITH[1:]
+
 PROCEDURAL_SETS: dict[str, ProceduralSet] = {
     "tool_arith_train": ProceduralSet(_TOOL_ARITH, seed=1_000_000, size=1_000),
     "tool_arith_eval": ProceduralSet(_TOOL_ARITH, seed=5_000_000, size=150, exclude="tool_arith_train"),
+    "tool_expr_train": ProceduralSet(_TOOL_EXPR, seed=2_000_000, size=2_000),
+    "tool_expr_eval": ProceduralSet(_TOOL_EXPR, seed=6_000_000, size=260, exclude="tool_expr_train"),
 }
 
 

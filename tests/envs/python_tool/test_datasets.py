@@ -50,7 +50,8 @@ def test_names_and_splits() -> None:
 
     assert set(dataset_names()) == set(EXPECTED_ROWS) | set(PROCEDURAL_SETS)
     assert set(EXPECTED_ROWS) == set(DATASETS)
-    assert set(dataset_names("train")) == {"math_train", "aime_1983_2023", "simplelr_math_35", "tool_arith_train"}
+    assert set(dataset_names("train")) == {"math_train", "aime_1983_2023", "simplelr_math_35", "tool_arith_train",
+                                        "tool_expr_train"}
     assert "tool_arith_eval" in dataset_names("eval")
 
 

@@ -12,13 +12,19 @@ from agentenv.envs.python_tool.procedural import PROCEDURAL_SETS, load_procedura
 from agentenv.errors import DataError
 
 
-def test_sets_are_registered_and_disjoint():
-    train, held = load_math("tool_arith_train"), load_math("tool_arith_eval")
-    assert {"tool_arith_train", "tool_arith_eval"} <= set(dataset_names())
+@pytest.mark.parametrize("name", ["tool_arith", "tool_expr"])
+def test_sets_are_registered_and_disjoint(name):
+    train, held = load_math(f"{name}_train"), load_math(f"{name}_eval")
+    assert {f"{name}_train", f"{name}_eval"} <= set(dataset_names())
     assert len(train) > 1500 and len(held) >= 200
     assert not {p.problem for p in train} & {p.problem for p in held}
     assert len({p.id for p in train}) == len(train) and len({p.problem for p in held}) == len(held)
-    assert load_procedural("tool_arith_eval") == held  # same seeds, same problems
+    assert load_procedural(f"{name}_eval") == held  # same seeds, same problems
+
+
+def test_the_expression_sets_hold_one_kind():
+    for name in ("tool_expr_train", "tool_expr_eval"):
+        assert {p.id.split("/")[1] for p in load_math(name)} == {"basic_arithmetic"}
 
 
 def test_reference_answers_are_the_exact_values():
