@@ -6,6 +6,12 @@ terminated, truncated, or out of its turn or token budget. The trajectory keeps 
 engine conditioned on and produced; observations are appended as template-rendered token deltas,
 never by re-tokenizing decoded model text. Failures are recorded on the trajectory instead of
 raised, so one broken episode never stops a run.
+
+With a renderer that keeps the conversation (``ChatRenderer.conversation``), each observation is
+rendered against the episode's real history, and a template that does not render that history as
+the model saw it (Qwen3's) is handled by ``RolloutConfig.on_prefix_violation``: ``"append"`` keeps
+one row, ``"split"`` starts a new per-turn sample (:func:`run_episode_samples` returns them all).
+Either way ``info["prefix_violations"]`` counts the turns where it happened.
 """
 
 from __future__ import annotations
@@ -66,6 +72,13 @@ class RolloutConfig:
             "deadline"``); ``"requeue"``: the episode fails (status ``"error"``), so the collector
             replays its task (a bounded number of times) and it never enters a batch. Either way
             ``info["straggler"]`` names what ran out (``"turn"``, ``"episode"``).
+        on_prefix_violation: What happens when the chat template does not render the real history
+            as the model conditioned on it (``agentenv.chat``; Qwen3 drops earlier ``<think>``
+            blocks): ``"append"`` (default) keeps the conditioned ids and appends the observation
+            rendered against the real history (one row per episode); ``"split"`` ends the sample at
+            that reply and starts a new one whose prompt is the template's rendering of the real
+            history (several rows per episode, each exactly what the template renders, all with the
+            episode's reward). Counted in ``info["prefix_violations"]`` either way.
     """
 
     max_turns: int = 4
@@ -77,6 +90,7 @@ class RolloutConfig:
     episode_deadline_s: float | None = None
     turn_deadline_s: float | None = None
     on_deadline: Literal["truncate", "requeue"] = "truncate"
+    on_prefix_violation: Literal["append", "split"] = "append"
 
     def __post_init__(self) -> None:
         if self.max_turns < 1:
@@ -96,6 +110,10 @@ class RolloutConfig:
                 raise ConfigError(f"rollout.{name} must be a number of seconds > 0 or null, got {value!r}")
         if self.on_deadline not in ("truncate", "requeue"):
             raise ConfigError(f"rollout.on_deadline must be 'truncate' or 'requeue', got {self.on_deadline!r}")
+        if self.on_prefix_violation not in ("append", "split"):
+            raise ConfigError(
+                f"rollout.on_prefix_violation must be 'append' or 'split', got {self.on_prefix_violation!r}"
+            )
 
 
 #: Turn endings that are token-budget cuts: the reply stopped before its end-of-turn token.
@@ -192,6 +210,27 @@ async def run_episode(
     seed: int | None = None,
     options: Mapping[str, Any] | None = None,
     version_fn: Callable[[], int] | None = None,
+) -> list[Trajectory]:
+    """Play one episode and return its samples (one :class:`~agentenv.trajectory.Trajectory` each).
+
+    The episode's last sample: the only one unless ``cfg.on_prefix_violation == "split"`` split it
+    (then ``info["samples"]`` says how many there were; :func:`run_episode_samples` returns them all).
+    Arguments and result as :func:`run_episode_samples`.
+    """
+    samples = await run_episode_samples(env, engine, renderer, cfg, seed=seed, options=options,
+                                        version_fn=version_fn)
+    return samples[-1]
+
+
+async def run_episode_samples(
+    env: Env,
+    engine: GenerationEngine,
+    renderer: Renderer,
+    cfg: RolloutConfig,
+    *,
+    seed: int | None = None,
+    options: Mapping[str, Any] | None = None,
+    version_fn: Callable[[], int] | None = None,
 ) -> Trajectory:
     """Play one episode and return its :class:`~agentenv.trajectory.Trajectory`.
 
@@ -206,31 +245,43 @@ async def run_episode(
             defaults to the engine's version.
 
     Returns:
-        The trajectory. ``status`` is ``"error"`` (with ``info["error"]``) when the environment or
+        The samples in order: one, unless ``cfg.on_prefix_violation == "split"`` started new ones
+        (each then has the episode's reward, ``info["sample"]`` its index and ``info["samples"]``
+        the count). ``status`` is ``"error"`` (with ``info["error"]``) when the environment or
         the engine raised; ``info["truncation"]`` names the budget that cut the episode, if any;
         ``info["turns"]`` counts assistant turns and ``info["turn_endings"]`` says how each turn
         ended (:func:`turn_ending`, or ``"deadline"``). A turn cut by a token budget is handed to the
         environment only when ``env.cut_turn == "act"`` (:class:`agentenv.core.Env`). A deadline
         (``cfg.episode_deadline_s``, ``cfg.turn_deadline_s``) ends the episode as ``cfg.on_deadline``
-        says, with ``info["straggler"]`` set. This function does not raise for those.
+        says, with ``info["straggler"]`` set. ``info["prefix_violations"]`` counts observations the
+        template could not render as an exact continuation (``cfg.on_prefix_violation``). This
+        function does not raise for those.
     """
     current_version = version_fn or (lambda: engine.version)
     traj = Trajectory(start_version=current_version(), start_time=time.time())
-    info: dict[str, Any] = {"turns": 0, "truncation": None, "turn_endings": []}
+    info: dict[str, Any] = {"turns": 0, "truncation": None, "turn_endings": [], "prefix_violations": 0}
     cut_turn = getattr(env, "cut_turn", "end")
     clock = _Clock(cfg)
+    samples: list[Trajectory] = []  # earlier samples of a split episode
+    conv = None
+    reward = 0.0
+    used_before = 0  # budget tokens spent in earlier samples
     try:
         if cut_turn not in ("end", "act"):
             raise ConfigError(f"{type(env).__name__}.cut_turn must be 'end' or 'act', got {cut_turn!r}")
         obs, reset_info = await clock.within(env.reset(seed=seed, options=options))
         info.update(reset_info)
         traj.task_id = str(reset_info.get("task_id", seed))
-        prompt = renderer.initial_prompt(obs, system=env.system_prompt, tools=list(env.tools))
+        if hasattr(renderer, "conversation"):  # the exact, history-aware path (agentenv.chat)
+            conv = renderer.conversation(obs, system=env.system_prompt, tools=list(env.tools))
+            prompt = list(conv.prompt_ids)
+        else:
+            prompt = renderer.initial_prompt(obs, system=env.system_prompt, tools=list(env.tools))
         traj.append_environment_tokens(prompt)
         traj.prompt_length = len(prompt)
         generated_budget_start = len(traj.token_ids)
         while True:
-            used = len(traj.token_ids) - generated_budget_start
+            used = used_before + len(traj.token_ids) - generated_budget_start
             context_left = engine.max_context_tokens - len(traj.token_ids)
             budget = min(cfg.max_new_tokens_per_turn, cfg.max_total_tokens - used, context_left)
             if budget <= 0:
@@ -257,9 +308,9 @@ async def run_episode(
             if cut and cut_turn == "end":
                 info["truncation"] = ending  # never graded: the episode keeps the reward it has
                 break
-            reply = renderer.decode(out.token_ids)
+            reply = conv.add_reply(out.token_ids) if conv is not None else renderer.decode(out.token_ids)
             result = await clock.within(env.step(reply))
-            traj.reward += float(result.reward)
+            reward += float(result.reward)
             info.update(result.info)
             if result.terminated or result.truncated:
                 if result.truncated:
@@ -276,7 +327,24 @@ async def run_episode(
             # A cut turn ("act") is closed with the end-of-turn token, as an environment token: the
             # policy did not sample it, and the template's delta assumes a closed turn.
             closing = [getattr(renderer, "end_of_turn_id", renderer.stop_token_ids[0])] if cut else []
-            obs_ids = closing + renderer.observation_tokens(env.observation_role, result.observation)
+            if conv is None:
+                obs_ids = closing + renderer.observation_tokens(env.observation_role, result.observation)
+            else:
+                delta = conv.observe(env.observation_role, result.observation, policy=cfg.on_prefix_violation)
+                info["prefix_violations"] += not delta.prefix_ok
+                if delta.restart:  # "split": this sample ends at the reply; the next one re-renders
+                    if len(delta.ids) >= engine.max_context_tokens:
+                        info["truncation"] = "context"
+                        break
+                    traj.append_environment_tokens(closing)
+                    used_before += len(traj.token_ids) - generated_budget_start
+                    used_before += max(0, len(delta.ids) - len(traj.token_ids))  # the new observation
+                    samples.append(traj)
+                    traj = Trajectory(start_version=current_version(), start_time=time.time(), task_id=traj.task_id)
+                    traj.append_environment_tokens(delta.ids)
+                    traj.prompt_length = generated_budget_start = len(delta.ids)
+                    continue
+                obs_ids = closing + delta.ids
             if len(traj.token_ids) + len(obs_ids) >= engine.max_context_tokens:
                 info["truncation"] = "context"
                 break
@@ -295,7 +363,11 @@ async def run_episode(
         traj.status = "error"
         info["error"] = f"{type(exc).__name__}: {exc}"
         logger.warning("episode %s: environment raised %s", traj.id, info["error"])
-    traj.completion_version = current_version()
-    traj.completion_time = time.time()
-    traj.info = info
-    return traj
+    samples.append(traj)
+    for i, sample in enumerate(samples):
+        sample.reward = reward
+        sample.status = traj.status
+        sample.completion_version = current_version()
+        sample.completion_time = time.time()
+        sample.info = info if len(samples) == 1 else {**info, "sample": i, "samples": len(samples)}
+    return samples
