@@ -50,10 +50,11 @@ import collections
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 from agentenv.core import Env
 from agentenv.engines.base import GenerationEngine
-from agentenv.errors import AgentEnvError, ConfigError
+from agentenv.errors import AgentEnvError, ConfigError, DataError
 from agentenv.rollout import Renderer, RolloutConfig, run_episode
 from agentenv.trajectory import Trajectory
 
@@ -245,6 +246,42 @@ class RolloutCollector:
     @next_seed.setter
     def next_seed(self, value: int) -> None:
         self._next_seed = value
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the task stream stands, for a checkpoint (JSON-serialisable).
+
+        Keys: ``next_seed`` (the next fresh task), ``in_flight`` (seeds of the tasks being played,
+        oldest first: one per open group, its members done or not) and ``requeued`` (seeds waiting in
+        the requeue, in order). Taken between two steps of the event loop with a synchronous
+        ``on_group``/``on_trajectory`` (the pool's), every task handed out so far is then in exactly
+        one place: in flight, requeued, handed on, or dropped.
+        """
+        return {"next_seed": self._next_seed, "in_flight": [g.seed for g in self._open],
+                "requeued": [t.seed for t in self._requeued]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> list[int]:
+        """Continue the task stream of a :meth:`state_dict` (call before :meth:`start` or :meth:`collect`).
+
+        The tasks that were in flight are requeued first, in their order, then the requeued ones; each
+        is played anew from its start (partial episodes, and finished members of an open group, are
+        not kept). A state with only ``next_seed`` (checkpoints before in-flight tasks were recorded)
+        requeues nothing.
+
+        Returns:
+            The seeds of the in-flight tasks requeued.
+
+        Raises:
+            DataError: A key is missing or a seed is not an integer; the collector is unchanged.
+        """
+        try:
+            next_seed = int(state["next_seed"])
+            in_flight = [int(s) for s in state.get("in_flight", [])]
+            requeued = [int(s) for s in state.get("requeued", [])]
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise DataError(f"bad collector state: {e!r}") from e
+        self._next_seed = next_seed
+        self._requeued = collections.deque(Task(s) for s in in_flight + requeued)
+        return in_flight
 
     def _next_job(self, max_groups: int | None = None) -> tuple[_Group, int] | None:
         """The next (group, member) to play: a pending member of an open group, else a new group.

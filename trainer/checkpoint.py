@@ -15,7 +15,10 @@ Layout under a checkpoint root::
 A save writes everything into a fresh temporary folder in ``root`` (same file system), fsyncs each
 file and the folder, renames the folder to its final name, fsyncs ``root``, then replaces ``latest``
 through a temporary file and ``os.replace``. A crash or an ``OSError`` (ENOSPC, ...) at any point
-leaves the previous checkpoints and ``latest`` as they were and no partial checkpoint folder.
+leaves the previous checkpoints and ``latest`` as they were. An ``OSError`` leaves no partial
+checkpoint folder; a process killed mid-save (``kill -9``) can leave a ``.tmp-*`` folder, or a renamed
+folder that ``latest`` does not name yet: neither is ever read, and :func:`discard_unpublished`
+removes them (``agentenv train --resume`` does).
 A load verifies sizes and checksums and reads everything into memory *before* touching the model or
 optimizer, so a truncated or corrupt checkpoint raises :class:`CheckpointError` and changes nothing.
 """
@@ -38,13 +41,16 @@ import numpy as np
 import torch
 
 from agentenv.errors import CheckpointError
+from agentenv.trainer.pause import pause_point
 
 __all__ = [
     "CheckpointManager",
     "LoadedCheckpoint",
+    "discard_unpublished",
     "latest_checkpoint",
     "list_checkpoints",
     "load_checkpoint",
+    "read_meta",
     "save_checkpoint",
 ]
 
@@ -131,6 +137,7 @@ def save_checkpoint(
         torch.save(_rng_state(), tmp / "rng.pt")
         if write_state is not None:
             write_state(tmp)
+        pause_point("checkpoint")  # tests: kill mid-write (agentenv.trainer.pause)
         files = {}
         for f in sorted(q for q in tmp.rglob("*") if q.is_file()):
             name = f.relative_to(tmp).as_posix()
@@ -148,6 +155,7 @@ def save_checkpoint(
         os.replace(root / ".latest.tmp", root / "latest")
         published = None
         _fsync(root)
+        pause_point("saved")  # tests: kill right after a checkpoint
     except OSError as e:
         for leftover in (tmp, published):
             if leftover is not None:
@@ -195,6 +203,55 @@ def latest_checkpoint(root: Path | str) -> Path | None:
     return path
 
 
+def read_meta(path: Path | str) -> dict[str, Any]:
+    """The ``meta.json`` of a checkpoint folder: format, version, file sizes and checksums, pool state, extra.
+
+    Cheap (no weights are read), so a caller can check what a checkpoint belongs to before loading it.
+
+    Raises:
+        CheckpointError: ``meta.json`` is missing, truncated or not JSON, or of an unknown format; the
+            message names the file.
+    """
+    f = Path(path) / "meta.json"
+    try:
+        meta = json.loads(f.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{f}: cannot read it ({e})") from e
+    if not isinstance(meta, dict) or not {"version", "files", "pool_state", "extra"} <= meta.keys():
+        raise CheckpointError(f"{f}: not a checkpoint's meta.json (missing keys)")
+    if meta.get("format") != FORMAT:
+        raise CheckpointError(f"{f}: unknown checkpoint format {meta.get('format')!r}, this agentenv "
+                              f"reads format {FORMAT}")
+    return meta
+
+
+def discard_unpublished(root: Path | str) -> list[str]:
+    """Remove what a save killed mid-way left under ``root``; return the names removed.
+
+    That is the temporary folders (``.tmp-*``) and pointer (``.latest.tmp``) of unfinished saves, and
+    checkpoint folders newer than the one ``latest`` names, or all of them when there is no ``latest``
+    (renamed into place, but the save died before ``latest`` moved). Nothing ``latest`` names, nor
+    anything older, is touched. Call it only while no save runs (e.g. before resuming).
+
+    Raises:
+        CheckpointError: ``latest`` names a folder that does not exist (:func:`latest_checkpoint`).
+    """
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    removed = []
+    for p in sorted(root.iterdir()):
+        if p.name.startswith(".tmp-") or p.name == ".latest.tmp":
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
+            removed.append(p.name)
+    latest = latest_checkpoint(root)
+    published = list_checkpoints(root)
+    for p in published[published.index(latest) + 1 if latest is not None else 0 :]:
+        shutil.rmtree(p)
+        removed.append(p.name)
+    return removed
+
+
 def load_checkpoint(
     path: Path | str,
     *,
@@ -236,9 +293,7 @@ def load_checkpoint(
         assert found is not None
         path = found
     try:
-        meta = json.loads((path / "meta.json").read_text())
-        if meta.get("format") != FORMAT:
-            raise CheckpointError(f"{path}: unknown checkpoint format {meta.get('format')!r}")
+        meta = read_meta(path)
         for name, info in meta["files"].items():
             f = path / name
             if not f.is_file():

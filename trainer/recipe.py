@@ -21,7 +21,9 @@ after the last one (``eval_before.json``, ``eval_after.json``; both success rate
 Ctrl-C stops cleanly: during the warm-up after its current step (nothing cached), during a held-out
 evaluation at once (nothing written), during training after the current update, with a final
 checkpoint. ``--resume`` continues with the same versions, from the run folder's saved config with
-only the options given on its command line changed (e.g. ``--updates 40`` to train further).
+only the options given on its command line changed (e.g. ``--updates 40`` to train further); after a
+``kill -9`` too, at any moment, without losing or repeating a task (what a checkpoint holds and how
+the run is put back: :mod:`agentenv.trainer.resume`).
 """
 
 from __future__ import annotations
@@ -50,13 +52,16 @@ from agentenv.malloc import release_free_heap
 from agentenv.models import check_model
 from agentenv.pool import TrajectoryPool
 from agentenv.trainer import setup
-from agentenv.trainer.checkpoint import CheckpointManager, latest_checkpoint
+from agentenv.trainer.checkpoint import CheckpointManager
 from agentenv.trainer.config import TrainConfig
 from agentenv.trainer.heldout import evaluate_held_out, held_out_tasks
 from agentenv.trainer.metrics import MetricsWriter
 from agentenv.trainer.overlap import LoopBusy, overlap, timed_env_factory
+from agentenv.trainer.pause import pause_point
 from agentenv.trainer.plots import plot_run
 from agentenv.trainer.recipe_files import find_recipe
+from agentenv.trainer.resume import Resumed, ensure_run_id, run_identity, run_state
+from agentenv.trainer.resume import resume as resume_run
 
 logger = logging.getLogger("agentenv.train")
 
@@ -203,7 +208,6 @@ async def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False,
     pool = TrajectoryPool(cfg.staleness, group_size=group_size)
     checkpoints = CheckpointManager(run_dir / "checkpoints")
     (run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
-    metrics = MetricsWriter(run_dir)
     busy = LoopBusy(engine.clock)  # engine, environments and learner busy in the update loop (trainer/overlap.py)
 
     collector = RolloutCollector(
@@ -221,25 +225,17 @@ async def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False,
         group_size=group_size,
         failure_limit=failure_limit(cfg.run.concurrency),
     )
-    identity = run_identity(cfg, group_size)
+    identity = run_identity(cfg, group_size, ensure_run_id(run_dir))
 
-    def checkpoint_extra() -> dict[str, Any]:  # taken on the loop: the pool and the seeds change there
-        return {"pool": pool.state_dict(), "next_seed": collector.next_seed, "identity": identity}
+    def checkpoint_extra() -> dict[str, Any]:  # taken on the loop: the pool and the tasks change there
+        return run_state(pool, collector, identity, run_dir, resumed)
 
-    if resume and latest_checkpoint(checkpoints.root) is not None:
-        extra = checkpoints.load_latest(learner)
-        check_resumable(latest_checkpoint(checkpoints.root), extra, identity)
-        try:
-            pool.load_state_dict(extra["pool"])
-        except (KeyError, AgentEnvError) as exc:
-            raise RunFolderError(f"{latest_checkpoint(checkpoints.root)}: its pool state cannot be read "
-                                 f"({exc!r}); resume from another checkpoint or start afresh") from exc
-        collector.next_seed = extra["next_seed"]
-        if learner.version != engine.version:
-            await engine.update_weights(learner.weights_for_engine(), learner.version)
-        logger.info("resumed at policy version %d", learner.version)
-    elif resume:
-        logger.info("no checkpoint yet (stopped before the first update): starting at policy version 0")
+    # the pool, the tasks in flight (requeued), the learner; the logs cut back to the checkpoint
+    # (trainer/resume.py)
+    resumed = resume_run(run_dir, checkpoints, learner, pool, collector, identity) if resume else Resumed()
+    if learner.version != engine.version:
+        await engine.update_weights(learner.weights_for_engine(), learner.version)
+    metrics = MetricsWriter(run_dir)
     saved_version = saved_at_start = learner.version
     if cfg.eval.problems and not (run_dir / "eval_before.json").exists():
         await held_out(cfg, engine, renderer, run_dir, "before", stop)
@@ -286,7 +282,7 @@ async def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False,
             # so the next batch is gated at the same lag); it is discarded all the same.
             t_update, consumed_at = time.time(), learner.version
             with busy.learner.running():  # the learner is busy until the engine holds the new weights
-                stats = await asyncio.to_thread(learner.update, selection.batch, scores=selection.scores)
+                stats = await asyncio.to_thread(_step, learner, selection)
                 update_s = time.time() - t_update
                 await asyncio.to_thread(release_free_heap)  # the step's freed activations leave the process
                 if stats.stepped:  # the state-dict copy runs in a worker thread too
@@ -301,9 +297,11 @@ async def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False,
             row.update(busy.figures())  # busy/engine_s, busy/env_s, busy/learner_s, busy/wall_s: since the loop began
             row["engine/busy_share"] = row["busy/engine_s"] / max(row["busy/wall_s"], 1e-9)
             row["train/batches"] = batches
+            row.update(resumed.figures())  # resume/count, resume/requeued_tasks_total (in-flight tasks replayed)
             metrics.log(batches, row)
-            for traj in selection.batch:
-                staleness_log.write(json.dumps(setup.consumed_record(traj, consumed_at)) + "\n")
+            for traj in selection.batch:  # with the collector's task seed: some envs' task ids repeat across seeds
+                record = {**setup.consumed_record(traj, consumed_at), "seed": traj.info.get("seed")}
+                staleness_log.write(json.dumps(record) + "\n")
             staleness_log.flush()
             progress.set_postfix(setup.postfix(row), refresh=False)
             progress.update(int(stats.stepped))
@@ -364,28 +362,11 @@ async def held_out(cfg: TrainConfig, engine: Any, renderer: Any, run_dir: Path, 
     return report.success_rate
 
 
-def run_identity(cfg: TrainConfig, group_size: int) -> dict[str, Any]:
-    """What a checkpoint must match to be resumed by this run: model, environment, objective, group size."""
-    return {"model": cfg.model.name or "embedded SmolLM2-135M-Instruct", "env": cfg.env.id,
-            "objective": cfg.optim.objective, "group_size": group_size}
-
-
-def check_resumable(path: Path | None, extra: dict[str, Any], identity: dict[str, Any]) -> None:
-    """Refuse a checkpoint written by a run of another model, environment, objective or group size.
-
-    Raises:
-        RunFolderError: ``extra["identity"]`` differs from ``identity``; names the checkpoint and the
-            differing fields. A checkpoint written before identities were recorded is accepted.
-    """
-    saved = extra.get("identity")
-    if saved is None:
-        logger.warning("%s records no run identity (an older checkpoint): resuming without checking it", path)
-        return
-    diff = {k: (saved.get(k), v) for k, v in identity.items() if saved.get(k) != v}
-    if diff:
-        said = ", ".join(f"{k} {a!r} (this run: {b!r})" for k, (a, b) in diff.items())
-        raise RunFolderError(f"{path}: written by another run: {said}; resume it with its own config or "
-                             "start a new run folder")
+def _step(learner: Any, selection: Any) -> Any:
+    """One learner update on the selected batch (in a worker thread), then the ``update`` pause point."""
+    stats = learner.update(selection.batch, scores=selection.scores)
+    pause_point("update")  # tests: AGENTENV_PAUSE_AT=update:K kills a run here (trainer/pause.py)
+    return stats
 
 
 async def next_batch(pool: TrajectoryPool, learner: Any, cfg: TrainConfig, stop: asyncio.Event,
