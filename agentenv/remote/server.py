@@ -261,6 +261,7 @@ def serve(cfg: ServeConfig, *, ready: Callable[[str], None] | None = None) -> No
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((cfg.host, cfg.port))
+    sock.listen(2048)  # connections made once ``ready`` ran wait in the backlog until uvicorn accepts
     host, port = sock.getsockname()[:2]
     url = f"http://[{host}]:{port}" if family == socket.AF_INET6 else f"http://{host}:{port}"
     if ready is not None:
