@@ -20,6 +20,10 @@ It is lenient where models are sloppy in practice (docs/architecture.md, "Known 
   up to the end of the reply (the model stopped at its end-of-turn token); otherwise it is an error;
 * malformed JSON, a missing ``name`` or non-object ``arguments`` give a :class:`ToolCallError`;
 * JSON in ordinary prose without the ``<tool_call>`` tag is not a call.
+
+Other families' formats live in :mod:`agentenv.tool_formats` (Qwen3 with ``<think>``, Llama 3.x
+JSON, Mistral ``[TOOL_CALLS]``, gpt-oss harmony, DeepSeek). :func:`get_tool_parser` builds one by
+name (:data:`TOOL_PARSERS`) and :func:`parser_for_template` names the one a chat template implies.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
+
+from agentenv.errors import ConfigError
 
 OPEN_TAG = "<tool_call>"
 CLOSE_TAG = "</tool_call>"
@@ -66,14 +72,17 @@ class ParsedReply:
     Attributes:
         calls: Well-formed calls, in the order they appear.
         errors: Attempted calls that failed to parse, in order.
-        content: The reply with every tool-call block removed (the model's prose).
+        content: The reply with every tool-call block (and reasoning block) removed: the answer.
         items: Calls and errors together, in the order they appear in the reply.
+        reasoning: The reply's reasoning (Qwen3/DeepSeek-R1 ``<think>``, harmony's analysis
+            channel, Mistral's ``[THINK]``), separated from the answer; "" when there is none.
     """
 
     calls: tuple[ToolCall, ...] = ()
     errors: tuple[ToolCallError, ...] = ()
     content: str = ""
     items: tuple[ToolCall | ToolCallError, ...] = ()
+    reasoning: str = ""
 
     @property
     def attempted(self) -> bool:
@@ -127,12 +136,22 @@ def _decode_call(raw: str) -> ToolCall | ToolCallError:
         return ToolCallError(
             f"tool call is not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})", raw
         )
+    return _call_from_obj(obj, raw)
+
+
+def _call_from_obj(obj: Any, raw: str) -> ToolCall | ToolCallError:
+    """A call from a decoded JSON value ``{"name": ..., "arguments" | "parameters": ...}``, or an error."""
     if not isinstance(obj, dict):
         return ToolCallError("tool call must be a JSON object with 'name' and 'arguments'", raw)
     name = obj.get("name")
     if not isinstance(name, str) or not name.strip():
         return ToolCallError("tool call has no 'name' string", raw)
     args: Any = obj.get("arguments", obj.get("parameters", {}))
+    return _with_arguments(name.strip(), args, raw)
+
+
+def _with_arguments(name: str, args: Any, raw: str) -> ToolCall | ToolCallError:
+    """``ToolCall(name, args)`` where ``args`` is a dict, a JSON string of one, or None; else an error."""
     if isinstance(args, str):
         try:
             args = json.loads(args, strict=False) if args.strip() else {}
@@ -142,7 +161,7 @@ def _decode_call(raw: str) -> ToolCall | ToolCallError:
         args = {}
     if not isinstance(args, dict):
         return ToolCallError("'arguments' must be a JSON object", raw)
-    return ToolCall(name=name.strip(), arguments=args)
+    return ToolCall(name=name, arguments=args)
 
 
 class HermesToolCallParser:
@@ -204,3 +223,60 @@ class HermesToolCallParser:
         else:
             items.append(decoded)
         return close_at + len(CLOSE_TAG)
+
+
+#: Registered parsers: name -> ``"module:Class"`` (imported on first use).
+TOOL_PARSERS: dict[str, str] = {
+    "hermes": "agentenv.tool_calls:HermesToolCallParser",
+    "qwen25": "agentenv.tool_calls:HermesToolCallParser",
+    "qwen3": "agentenv.tool_formats:Qwen3ToolCallParser",
+    "llama3_json": "agentenv.tool_formats:Llama3JsonToolCallParser",
+    "mistral": "agentenv.tool_formats:MistralToolCallParser",
+    "harmony": "agentenv.tool_formats:HarmonyToolCallParser",
+    "deepseek": "agentenv.tool_formats:DeepSeekToolCallParser",
+}
+
+# (marker in the template, parser) in the order they are tried: the first marker found wins.
+_TEMPLATE_MARKERS: tuple[tuple[tuple[str, ...], str], ...] = (
+    (("<|channel|>",), "harmony"),
+    (("[TOOL_CALLS]",), "mistral"),
+    (("tool\u2581calls\u2581begin",), "deepseek"),
+    (("<|python_tag|>",), "llama3_json"),
+    (("<|eot_id|>", '"parameters": '), "llama3_json"),
+    (("<tool_call>", "<think>"), "qwen3"),
+    (("<tool_call>",), "hermes"),
+)
+
+
+def get_tool_parser(name: str) -> ToolCallParser:
+    """A new parser of the registered family ``name`` (see :data:`TOOL_PARSERS`).
+
+    Raises:
+        ConfigError: ``name`` is not registered (the message lists the names that are).
+    """
+    import importlib
+
+    target = TOOL_PARSERS.get(name)
+    if target is None:
+        raise ConfigError(f"unknown tool-call parser {name!r}; registered: {', '.join(sorted(TOOL_PARSERS))}")
+    module, _, cls = target.partition(":")
+    return getattr(importlib.import_module(module), cls)()
+
+
+def parser_for_template(chat_template: str) -> str:
+    """The registered parser name a chat template implies, from the call syntax it renders.
+
+    Args:
+        chat_template: Jinja source of the model's chat template.
+
+    Returns:
+        A key of :data:`TOOL_PARSERS`.
+
+    Raises:
+        ConfigError: The template shows no known tool-call syntax (choose a parser by name).
+    """
+    for markers, name in _TEMPLATE_MARKERS:
+        if all(m in chat_template for m in markers):
+            return name
+    raise ConfigError("the chat template shows no known tool-call syntax; choose a parser by name "
+                      f"({', '.join(sorted(TOOL_PARSERS))})")
