@@ -269,6 +269,16 @@ class ChatRenderer:
             )
         return self._encode_holding(long[cut:], content) if protect else self._encode(long[cut:])
 
+    @property
+    def tool_parser_name(self) -> str | None:
+        """The registered tool-call parser the template implies (``agentenv.tool_calls``), or None."""
+        from agentenv.tool_calls import parser_for_template
+
+        try:
+            return parser_for_template(self.chat_template)
+        except ConfigError:
+            return None
+
     def conversation(
         self, user_text: str, *, system: str | None = None, tools: Sequence[Mapping[str, Any]] = ()
     ) -> Conversation:

