@@ -202,6 +202,8 @@ def update_metrics(version: int, selection: Any, stats: Any, pool: Any, collecto
     row["length/policy_tokens"] = sum(t.num_policy_tokens for t in batch) / len(batch)
     row["length/turns"] = sum(t.info.get("turns", 0) for t in batch) / len(batch)
     row["tools/calls"] = sum(t.info.get("tool_calls", 0) or 0 for t in batch) / len(batch)
+    # turns whose observation the chat template could not render as an exact continuation
+    row["chat/prefix_violations"] = sum(t.info.get("prefix_violations", 0) for t in batch)
     gs = [t.generation_staleness() for t in batch]
     ws = [t.waiting_staleness(version - 1 if consumed_at is None else consumed_at) for t in batch]
     row["staleness/gs_mean"] = sum(gs) / len(gs)
