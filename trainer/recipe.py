@@ -207,7 +207,6 @@ async def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False,
     group_size = cfg.optim.grpo_group_size if cfg.optim.objective == "grpo" else 1  # rollouts per task
     pool = TrajectoryPool(cfg.staleness, group_size=group_size)
     checkpoints = CheckpointManager(run_dir / "checkpoints")
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
     busy = LoopBusy(engine.clock)  # engine, environments and learner busy in the update loop (trainer/overlap.py)
 
     collector = RolloutCollector(
@@ -233,6 +232,7 @@ async def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False,
     # the pool, the tasks in flight (requeued), the learner; the logs cut back to the checkpoint
     # (trainer/resume.py)
     resumed = resume_run(run_dir, checkpoints, learner, pool, collector, identity) if resume else Resumed()
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))  # a refused resume keeps it
     if learner.version != engine.version:
         await engine.update_weights(learner.weights_for_engine(), learner.version)
     metrics = MetricsWriter(run_dir)

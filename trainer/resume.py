@@ -47,7 +47,13 @@ from pathlib import Path
 from typing import Any
 
 from agentenv.errors import AgentEnvError, CheckpointError, RunFolderError
-from agentenv.trainer.checkpoint import CheckpointManager, discard_unpublished, latest_checkpoint, read_meta
+from agentenv.trainer.checkpoint import (
+    CheckpointManager,
+    discard_unpublished,
+    latest_checkpoint,
+    list_checkpoints,
+    read_meta,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -183,8 +189,10 @@ def resume(run_dir: Path, checkpoints: CheckpointManager, learner: Any, pool: An
                     root, _said(done))
         _record(run_dir, done)
         return done
-    meta = read_meta(path)
-    extra = meta["extra"]
+    try:
+        extra = read_meta(path)["extra"]
+    except CheckpointError as exc:
+        raise _unreadable(exc, root, path) from exc
     where = path / "meta.json"
     if not isinstance(extra, dict):
         raise RunFolderError(f"{where}: holds no run state (its extra is {type(extra).__name__})")
@@ -201,8 +209,7 @@ def resume(run_dir: Path, checkpoints: CheckpointManager, learner: Any, pool: An
     try:
         checkpoints.load_latest(learner)
     except CheckpointError as exc:
-        raise CheckpointError(f"{exc}. To resume from an older checkpoint instead, write its name into "
-                              f"{root / 'latest'}") from exc
+        raise _unreadable(exc, root, path) from exc
     tasks = extra.get("collector") or {"next_seed": extra["next_seed"]}
     try:
         requeued = collector.load_state_dict(tasks)
@@ -244,6 +251,13 @@ def _cut_logs(run_dir: Path, sizes: dict[str, int] | None) -> dict[str, int]:
                 cut[name] = fh.read().count(b"\n")
             os.truncate(f, size)
     return cut
+
+
+def _unreadable(exc: CheckpointError, root: Path, path: Path) -> CheckpointError:
+    msg = str(exc)
+    if "other checkpoints" not in msg:
+        msg += f"; other checkpoints: {[p.name for p in list_checkpoints(root) if p != path]}"
+    return CheckpointError(f"{msg}. To resume from an older checkpoint instead, write its name into {root / 'latest'}")
 
 
 def _said(done: Resumed) -> str:
