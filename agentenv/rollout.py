@@ -219,7 +219,19 @@ async def run_episode(
     """
     samples = await run_episode_samples(env, engine, renderer, cfg, seed=seed, options=options,
                                         version_fn=version_fn)
+    if len(samples) > 1 and not _warned_split:
+        _warn_split(len(samples))
     return samples[-1]
+
+
+_warned_split = False
+
+
+def _warn_split(n: int) -> None:
+    global _warned_split
+    _warned_split = True
+    logger.warning("rollout.on_prefix_violation='split' made %d samples of one episode; run_episode returns "
+                   "the last only (run_episode_samples returns them all)", n)
 
 
 async def run_episode_samples(

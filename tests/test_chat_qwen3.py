@@ -232,6 +232,10 @@ async def test_rollout_keeps_the_conditioned_ids(tok, template, role, thinking, 
 
 
 def test_rollout_config_names_the_policy() -> None:
+    from agentenv.configio import apply_overrides, load_config
+
     assert RolloutConfig().on_prefix_violation == "append"
+    cfg = load_config(RolloutConfig, apply_overrides({}, ["on_prefix_violation=split"]))
+    assert cfg.on_prefix_violation == "split"
     with pytest.raises(ConfigError, match="on_prefix_violation"):
         RolloutConfig(on_prefix_violation="raise")  # type: ignore[arg-type]
