@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from agentenv.datasets import load_math
 from agentenv.engines.base import GenerationOutput, SamplingParams, TokenSpan
+from agentenv.envs.python_tool.datasets import load_math
 from agentenv.errors import ConfigError
 from agentenv.trainer import setup
 from agentenv.trainer.config import EvalConfig, TrainConfig
