@@ -113,15 +113,23 @@ def load_plugins(*, force: bool = False) -> list[str]:
 def spec(id: str) -> EnvSpec:
     """Return the :class:`EnvSpec` registered under ``id``.
 
+    An id of an installed peer's environment (``gym/ID``, ``reasoning_gym/FAMILY``, ``gem/ID``, ...:
+    :mod:`agentenv.adapters`) is registered the first time it is asked for.
+
     Raises:
         EnvNotFound: ``id`` is not registered; the message lists the registered ids.
     """
     load_plugins()
-    try:
+    if id in registry:
         return registry[id]
-    except KeyError:
+    from agentenv.adapters import resolve  # a peer's id (gym/..., gem/..., textarena/...): registered on first use
+
+    found = resolve(id)
+    if found is None:
         known = ", ".join(sorted(registry)) or "none"
-        raise EnvNotFound(f"no environment {id!r} is registered (registered: {known})") from None
+        raise EnvNotFound(f"no environment {id!r} is registered (registered: {known}; peers' ids: "
+                          "gym/ID, reasoning_gym/FAMILY, reasoning_gym_tool/FAMILY, gem/ID, textarena/ID)")
+    return found
 
 
 def make(id: str, *, remote: str | Sequence[str] | None = None, **kwargs: Any) -> Env:

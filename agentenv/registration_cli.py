@@ -12,6 +12,9 @@ from agentenv.registration import load_plugins, registry
 def list_envs_main(argv: Sequence[str] | None = None) -> int:
     """Print each registered id with its description, one a line; return the exit status (0).
 
+    Installed peers' environments (:mod:`agentenv.adapters`) are listed too, and id patterns
+    (``gym/<ID>``) after them.
+
     Args:
         argv: Command-line arguments after ``envs`` (``--json`` prints a JSON list instead).
     """
@@ -21,7 +24,10 @@ def list_envs_main(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_args(list(argv) if argv is not None else None)
     load_plugins()
-    specs = [registry[k] for k in sorted(registry)]
+    from agentenv.adapters import PATTERNS, installed_specs
+
+    peers = {s.id: s for s in installed_specs() if s.id not in registry}  # installed peers' environments
+    specs = sorted([*registry.values(), *peers.values()], key=lambda s: s.id)
     if args.json:
         import json
 
@@ -32,11 +38,13 @@ def list_envs_main(argv: Sequence[str] | None = None) -> int:
                 "description": s.description,
             }
             for s in specs
-        ]
+        ] + [{"id": p, "entry_point": None, "description": d, "pattern": True} for p, d in PATTERNS]
         print(json.dumps(rows, indent=2))
         return 0
     width = max((len(s.id) for s in specs), default=0)
     for s in specs:
         print(f"{s.id:<{width}}  {s.description}")
-    print(f"({len(specs)} environments)", file=sys.stderr)
+    for pattern, description in PATTERNS:
+        print(f"{pattern:<{width}}  {description}")
+    print(f"({len(specs)} environments, and the patterns {', '.join(p for p, _ in PATTERNS)})", file=sys.stderr)
     return 0

@@ -1,0 +1,114 @@
+"""Peers' environments, unchanged, behind agentenv's :class:`~agentenv.core.Env` contract.
+
+One module per peer; each maps the peer's reset/step/reward/termination (and, where the peer deals
+episodes from seeds, a task list of seeds) onto agentenv's contract. Ids, ``PEER/PEER_ID``:
+
+===============================  =====================================================  ==================
+id                               plays                                                  package (extra)
+===============================  =====================================================  ==================
+``gym/<GYMNASIUM ID>``           any Gymnasium env with ``spaces.Text`` spaces          ``gymnasium`` (core)
+``reasoning_gym/<FAMILY>``       a reasoning-gym family, one reply, its verifier        ``reasoning-gym`` (core)
+``reasoning_gym_tool/<FAMILY>``  the same with the sandboxed Python tool                ``reasoning-gym`` (core)
+``gem/<GEM ID>``                 GEM, e.g. ``gem/game:GuessTheNumber-v0``               ``gem-llm`` (``[gem]``)
+``textarena/<ID>``               TextArena's single-player games                        ``textarena`` (``[textarena]``)
+===============================  =====================================================  ==================
+
+Ids are resolved when first asked for (:func:`resolve`, called by :func:`agentenv.make` for an id
+the registry does not hold), so importing agentenv imports no peer. ``agentenv envs`` lists every
+id of every installed peer (:func:`register_installed`); Gymnasium's ids, which say nothing of
+their spaces until built, are listed as the pattern ``gym/<ID>``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from dataclasses import dataclass
+from typing import Any
+
+from agentenv.registration import EnvSpec, register, registry
+
+
+@dataclass(frozen=True)
+class Adapter:
+    """One peer: its id prefix, adapter class, the module it needs, and a description template."""
+
+    prefix: str
+    entry_point: str
+    package: str
+    description: str
+
+    def installed(self) -> bool:
+        """Whether the peer's package can be imported here (checked without importing it)."""
+        return importlib.util.find_spec(self.package) is not None
+
+    def module(self) -> Any:
+        """The adapter's module (imports it, and with it the peer)."""
+        return importlib.import_module(self.entry_point.partition(":")[0])
+
+
+ADAPTERS: tuple[Adapter, ...] = (
+    Adapter("gym/", "agentenv.adapters.gym_env:GymnasiumEnv", "gymnasium",
+            "Gymnasium {} (text spaces), through agentenv's contract"),
+    Adapter("reasoning_gym/", "agentenv.adapters.reasoning_gym_env:ReasoningGymEnv", "reasoning_gym",
+            "reasoning-gym {}: one reply with an <answer> tag; reward = the family's verifier score"),
+    Adapter("reasoning_gym_tool/", "agentenv.adapters.reasoning_gym_env:ReasoningGymToolEnv", "reasoning_gym",
+            "reasoning-gym {} with the sandboxed Python tool; reward = the verifier's score of the \\boxed{{}}"),
+    Adapter("gem/", "agentenv.adapters.gem_env:GemEnv", "gem", "GEM {} (gem-llm)"),
+    Adapter("textarena/", "agentenv.adapters.textarena_env:TextArenaEnv", "textarena",
+            "TextArena {} (single player; reward at the end)"),
+)
+
+#: Rows ``agentenv envs`` prints for ids that are patterns, not a list: ``(pattern, description)``.
+PATTERNS: tuple[tuple[str, str], ...] = (
+    ("gym/<ID>", "any Gymnasium environment with spaces.Text observation and action spaces"),
+)
+
+
+def _adapter_for(env_id: str) -> Adapter | None:
+    return next((a for a in ADAPTERS if env_id.startswith(a.prefix) and len(env_id) > len(a.prefix)), None)
+
+
+def _spec(adapter: Adapter, env_id: str) -> EnvSpec | None:
+    kwargs = adapter.module().resolve(env_id)
+    if kwargs is None:
+        return None
+    description = adapter.description.format(env_id[len(adapter.prefix):])
+    return EnvSpec(id=env_id, entry_point=adapter.entry_point, kwargs=kwargs, description=description)
+
+
+def resolve(env_id: str) -> EnvSpec | None:
+    """Register ``env_id`` when it names an environment of an installed peer; return its spec.
+
+    Returns:
+        The registered :class:`~agentenv.registration.EnvSpec`, or None when no installed peer has
+        ``env_id`` (the caller raises :class:`~agentenv.errors.EnvNotFound`).
+    """
+    if env_id in registry:
+        return registry[env_id]
+    adapter = _adapter_for(env_id)
+    if adapter is None or not adapter.installed():
+        return None
+    found = _spec(adapter, env_id)
+    if found is None:
+        return None
+    return register(env_id, found.entry_point, description=found.description, **found.kwargs)
+
+
+def listed_ids(adapter: Adapter) -> list[str]:
+    """The peer ids ``agentenv envs`` lists for ``adapter`` (it must be installed)."""
+    mod = adapter.module()
+    if adapter.prefix.startswith("reasoning_gym"):
+        return mod.families()
+    if hasattr(mod, "listed_ids"):
+        return mod.listed_ids()
+    return []
+
+
+def installed_specs() -> list[EnvSpec]:
+    """Specs of every listed id of every installed peer, for ``agentenv envs``; nothing is registered."""
+    specs = []
+    for adapter in ADAPTERS:
+        if adapter.installed():
+            specs += [s for i in listed_ids(adapter) if (s := _spec(adapter, adapter.prefix + i)) is not None]
+    return specs
