@@ -1,7 +1,7 @@
 """Many concurrent episodes feeding a pool: the rollout side of the asynchronous loop.
 
 A :class:`RolloutCollector` runs ``concurrency`` worker coroutines, each owning one environment
-and playing episodes back to back through :func:`agentenv.rollout.run_episode`. Tasks are seeds
+and playing episodes back to back through :func:`agentenv.rollout.run_episode_samples`. Tasks are seeds
 drawn in order from a seeded stream; a rejected trajectory's task can be put back with
 :meth:`RolloutCollector.requeue`. In asynchronous mode the workers run while the learner trains;
 in synchronous mode :meth:`RolloutCollector.collect` plays until it has exactly ``n`` good
@@ -12,6 +12,13 @@ FlashREINFORCE) with the same reset seed, hence the same prompt. The ``n`` membe
 on different workers at once; the group is handed on only when all ``n`` are good, in one piece
 (``on_group``, or ``on_trajectory`` once per member, back to back under a lock, so the pool sees the
 group contiguous).
+
+Samples. An episode is normally one trajectory; with ``rollout.on_prefix_violation="split"`` (or an
+agent program that rewrites its history, :mod:`agentenv.agents`) it can be several samples, all with
+the episode's reward. With ``group_size == 1`` every sample is handed on as its own group of 1
+(``info["sample"]``/``info["samples"]`` say which), back to back; with ``group_size > 1`` a group
+needs one row per rollout, so ``"split"`` is refused and an episode that split anyway fails (it is
+replayed like any failed episode).
 
 Failures. An episode *failed*, for reasons outside the policy, when
 
@@ -55,7 +62,7 @@ from typing import Any
 from agentenv.core import Env
 from agentenv.engines.base import GenerationEngine
 from agentenv.errors import AgentEnvError, ConfigError, DataError
-from agentenv.rollout import Renderer, RolloutConfig, run_episode
+from agentenv.rollout import Renderer, RolloutConfig, run_episode_samples
 from agentenv.trajectory import Trajectory
 
 logger = logging.getLogger(__name__)
@@ -78,7 +85,7 @@ class _Group:
     def __init__(self, key: int, seed: int, size: int) -> None:
         self.key = key
         self.seed = seed
-        self.members: list[Trajectory | None] = [None] * size
+        self.members: list[list[Trajectory] | None] = [None] * size  # each member's samples
         self.todo: collections.deque[int] = collections.deque(range(size))
         self.failures = [0] * size
         self.dropped = False
@@ -174,6 +181,9 @@ class RolloutCollector:
             raise ConfigError(f"failure_limit must be >= 1, got {failure_limit}")
         if on_trajectory is None and on_group is None:
             raise ConfigError("RolloutCollector needs on_trajectory or on_group")
+        if group_size > 1 and cfg.on_prefix_violation == "split":
+            raise ConfigError(f"group_size={group_size} with rollout.on_prefix_violation='split': a group needs one "
+                              "row per rollout; use 'append'")
         self._env_factory = env_factory
         self._engine = engine
         self._renderer = renderer
@@ -232,10 +242,11 @@ class RolloutCollector:
         """Put the task of ``traj`` (e.g. rejected as too stale) back in the queue, to be played anew.
 
         For groups, only the first member (``info["member"] == 0``) requeues, so a rejected group
-        (its members are rejected together) puts its task back once.
+        (its members are rejected together) puts its task back once; of a split episode's samples,
+        only the first (``info["sample"] == 0``) does.
         """
         seed = traj.info.get("seed")
-        if seed is not None and traj.info.get("member", 0) == 0:
+        if seed is not None and traj.info.get("member", 0) == 0 and traj.info.get("sample", 0) == 0:
             self._requeued.append(Task(int(seed)))
 
     @property
@@ -315,7 +326,7 @@ class RolloutCollector:
     def _drop(self, group: _Group) -> None:
         group.dropped = True
         self.tasks_dropped += 1
-        self.episodes_discarded += sum(m is not None for m in group.members)
+        self.episodes_discarded += sum(len(m) for m in group.members if m is not None)
         if group in self._open:
             self._open.remove(group)
 
@@ -338,37 +349,40 @@ class RolloutCollector:
     async def _episode(self, slot: int, group: _Group, m: int) -> list[Trajectory] | None:
         """Play member ``m`` of ``group`` on environment ``slot``.
 
-        Returns the group's trajectories when this episode completed it, else None. Never raises but
-        :class:`asyncio.CancelledError` (then ``m`` is put back to be played again).
+        Returns the group's trajectories (every member's samples, in member order) when this episode
+        completed it, else None. Never raises but :class:`asyncio.CancelledError` (then ``m`` is put
+        back to be played again).
         """
         self.episodes_started += 1
         try:
-            traj = await run_episode(self._envs[slot], self._engine, self._renderer, self._cfg,
-                                     seed=group.seed, version_fn=self._version_fn)
+            samples = await run_episode_samples(self._envs[slot], self._engine, self._renderer, self._cfg,
+                                                seed=group.seed, version_fn=self._version_fn)
         except asyncio.CancelledError:
             if not group.dropped:
                 group.todo.appendleft(m)
             raise
-        except Exception as exc:  # run_episode records failures itself; this guards against the rest
-            traj = Trajectory(status="error", info={"error": f"{type(exc).__name__}: {exc}"})
+        except Exception as exc:  # run_episode_samples records failures itself; this guards against the rest
+            samples = [Trajectory(status="error", info={"error": f"{type(exc).__name__}: {exc}"})]
         self.episodes_finished += 1
-        self.stragglers += bool(traj.info.get("straggler"))
-        traj.info["seed"] = group.seed
-        traj.info["attempt"] = group.failures[m]
-        traj.info["group"] = group.key
-        traj.info["member"] = m
-        reason = failure_reason(traj)
+        self.stragglers += bool(samples[-1].info.get("straggler"))
+        for traj in samples:
+            traj.info.update(seed=group.seed, attempt=group.failures[m], group=group.key, member=m)
+        kept = [t for t in samples if t.num_policy_tokens]  # a split's last sample may end before a reply
+        reason = failure_reason(samples[-1]) if samples[-1].status == "error" or not kept else None
+        if reason is None and len(kept) > 1 and self._group_size > 1:
+            reason = (f"the episode split into {len(kept)} samples (a history the template or the agent rewrote); "
+                      f"a group of {self._group_size} needs one row per rollout")
         if reason is None:
             if self.fatal is None:
                 self.failure_streak = 0
             if group.dropped:
-                self.episodes_discarded += 1
+                self.episodes_discarded += len(kept)
                 return None
-            group.members[m] = traj
+            group.members[m] = kept
             if not group.complete:
                 return None
             self._open.remove(group)
-            return [t for t in group.members if t is not None]
+            return [t for member in group.members if member is not None for t in member]
         self.episodes_failed += 1
         self._bump_streak(reason)
         if not group.dropped:
@@ -391,13 +405,18 @@ class RolloutCollector:
         return None
 
     async def _deliver(self, trajs: list[Trajectory]) -> None:
-        """Hand a complete group on, in one piece; an exception is logged and counted, not raised."""
+        """Hand a complete group on, in one piece; an exception is logged and counted, not raised.
+
+        ``trajs`` is one group of ``group_size``, or with groups of 1 an episode's samples, each
+        handed on as its own group.
+        """
         async with self._deliver_lock:
             try:
                 if self._on_group is not None:
-                    result = self._on_group(trajs)
-                    if asyncio.iscoroutine(result):
-                        await result
+                    for i in range(0, len(trajs), self._group_size):
+                        result = self._on_group(trajs[i : i + self._group_size])
+                        if asyncio.iscoroutine(result):
+                            await result
                 else:
                     assert self._on_trajectory is not None
                     for traj in trajs:
@@ -477,9 +496,12 @@ class RolloutCollector:
     async def collect(self, n: int) -> list[Trajectory]:
         """Play until ``n`` good trajectories are ready and return them (synchronous mode).
 
-        ``n / group_size`` whole groups, each contiguous, in the order their tasks were opened;
-        failed episodes are replayed or their tasks dropped and replaced by the next task, so the
-        result always has exactly ``n`` trajectories and none of them failed.
+        Whole groups, each contiguous, in the order their tasks were opened; failed episodes are
+        replayed or their tasks dropped and replaced by the next task, so none of them failed. The
+        result has exactly ``n`` trajectories (``n / group_size`` groups) unless episodes split into
+        several samples (``rollout.on_prefix_violation="split"``, groups of 1): then new tasks are
+        opened only while fewer than ``n`` samples are done, and the result holds every sample of the
+        episodes played (at least ``n``).
 
         Raises:
             ConfigError: ``n`` is not a positive multiple of ``group_size``.
@@ -491,16 +513,15 @@ class RolloutCollector:
         if self.fatal is not None:
             raise self.fatal
         self._ensure_envs()
-        need = n // g
         done: list[list[Trajectory]] = []
         free = collections.deque(range(self._concurrency))
         inflight: dict[asyncio.Future, int] = {}
         try:
-            while len(done) < need:
+            while (have := sum(map(len, done))) < n:
                 if self.fatal is not None:
                     raise self.fatal
                 while free:
-                    job = self._next_job(max_groups=need - len(done))
+                    job = self._next_job(max_groups=-(-(n - have) // g))
                     if job is None:
                         break
                     slot = free.popleft()
@@ -517,9 +538,10 @@ class RolloutCollector:
             for fut in inflight:
                 fut.cancel()
             await asyncio.gather(*inflight, return_exceptions=True)
-        self.episodes_delivered += n
         done.sort(key=lambda group: group[0].info["group"])  # the order the tasks were opened
-        return [t for group in done for t in group]
+        out = [t for group in done for t in group]
+        self.episodes_delivered += len(out)
+        return out
 
     def report_counts(self) -> dict[str, int]:
         """Failure counters for one metrics row: totals, and the change since the previous call.

@@ -415,6 +415,9 @@ def _parser() -> argparse.ArgumentParser:
                    "declare its tasks (Env.tasks)")
     p.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE",
                    help="a constructor argument of the environment (VALUE read as YAML); repeat for more")
+    p.add_argument("--chat-template-kwarg", action="append", default=[], metavar="KEY=VALUE",
+                   help="a variable of the model's chat template (VALUE read as YAML), e.g. enable_thinking=false "
+                        "for Qwen3's thinking-off mode; repeat for more")
     p.add_argument("--split", default=None, help="shorthand for --env-arg split=SPLIT (ALFWorld: valid_seen, "
                    "140 games, the default; valid_unseen, 134)")
     p.add_argument("--model", default=None, help="model folder (default: the embedded SmolLM2-135M)")
@@ -481,6 +484,23 @@ def env_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     return kwargs
 
 
+def template_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """The chat template's extra variables from ``--chat-template-kwarg KEY=VALUE`` (VALUE read as YAML).
+
+    Raises:
+        ConfigError: An item without ``=`` or with an empty key.
+    """
+    import yaml
+
+    out: dict[str, Any] = {}
+    for item in args.chat_template_kwarg:
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise ConfigError(f"--chat-template-kwarg {item!r}: expected KEY=VALUE")
+        out[key.strip()] = yaml.safe_load(value)
+    return out
+
+
 def _build_engine(args: argparse.Namespace) -> tuple[Any, Any]:
     """Load the model and return ``(engine, renderer)``: vLLM, or transformers (GPU if there is one)."""
     import torch
@@ -503,14 +523,15 @@ def _build_engine(args: argparse.Namespace) -> tuple[Any, Any]:
         engine = VLLMEngine(
             path, dtype="bfloat16" if gpu else "auto", seed=args.seed, gpu_memory_utilization=util
         )
-        return engine, ChatRenderer(tokenizer)
+        return engine, ChatRenderer(tokenizer, template_kwargs=template_kwargs(args))
     from agentenv.engines.transformers_engine import TransformersEngine
 
     gpu = torch.cuda.is_available()
     model, tokenizer = load_model_and_tokenizer(
         args.model, dtype=torch.bfloat16 if gpu else torch.float32, device="cuda" if gpu else "cpu"
     )
-    return TransformersEngine(model, tokenizer, seed=args.seed), ChatRenderer(tokenizer)
+    return TransformersEngine(model, tokenizer, seed=args.seed), ChatRenderer(tokenizer,
+                                                                             template_kwargs=template_kwargs(args))
 
 
 async def env_tasks(env_id: str, kwargs: Mapping[str, Any], *, remedy: str = "`agentenv eval` has nothing to play"
@@ -538,6 +559,7 @@ async def env_tasks(env_id: str, kwargs: Mapping[str, Any], *, remedy: str = "`a
 async def _run(args: argparse.Namespace) -> tuple[EvalReport, list[EpisodeResult]]:
     from agentenv.rollout import RolloutConfig
 
+    template_kwargs(args)  # a malformed --chat-template-kwarg fails before anything loads
     factory, tasks, split = await env_tasks(args.env, env_kwargs(args))
     jobs = make_jobs(
         list(zip(tasks.ids, tasks.kinds, strict=True)),

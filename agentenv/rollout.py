@@ -210,8 +210,8 @@ async def run_episode(
     seed: int | None = None,
     options: Mapping[str, Any] | None = None,
     version_fn: Callable[[], int] | None = None,
-) -> list[Trajectory]:
-    """Play one episode and return its samples (one :class:`~agentenv.trajectory.Trajectory` each).
+) -> Trajectory:
+    """Play one episode and return its last sample (a :class:`~agentenv.trajectory.Trajectory`).
 
     The episode's last sample: the only one unless ``cfg.on_prefix_violation == "split"`` split it
     (then ``info["samples"]`` says how many there were; :func:`run_episode_samples` returns them all).
@@ -243,8 +243,8 @@ async def run_episode_samples(
     seed: int | None = None,
     options: Mapping[str, Any] | None = None,
     version_fn: Callable[[], int] | None = None,
-) -> Trajectory:
-    """Play one episode and return its :class:`~agentenv.trajectory.Trajectory`.
+) -> list[Trajectory]:
+    """Play one episode and return its samples (one :class:`~agentenv.trajectory.Trajectory` each).
 
     Args:
         env: A fresh or reusable environment (it is reset here, not closed).

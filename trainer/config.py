@@ -66,6 +66,10 @@ class ModelConfig:
     """Sequences the engine decodes together."""
     device: str = "cpu"
     """Torch device of the learner and the transformers engine."""
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra variables for the model's chat template, passed to every rendering (prompts, observation
+    deltas): e.g. ``{enable_thinking: false}`` for Qwen3's thinking-off mode. Empty: the template's own
+    defaults."""
     memory_share: float | None = None
     """vLLM only: the share of accelerator memory (host memory on a CPU) vLLM reserves for weights and
     KV cache (``gpu_memory_utilization``). None: 0.2 on a CPU; on a GPU 0.45 when the learner shares
@@ -230,6 +234,10 @@ class TrainConfig:
         if self.optim.objective == "grpo":  # a group baseline over mixed prompts is meaningless
             # optim.grpo_group_size is the one source of rollouts per task (OptimConfig refuses n < 2)
             n = self.optim.grpo_group_size
+            if self.rollout.on_prefix_violation == "split":
+                raise ConfigError(f"optim.objective=grpo (groups of {n}) with rollout.on_prefix_violation=split: a "
+                                  "split episode gives several samples, and a group's baseline needs one row per "
+                                  "rollout; use rollout.on_prefix_violation=append (or FlashREINFORCE)")
             if self.run.batch_size % n:
                 raise ConfigError(f"optim.objective=grpo: run.batch_size ({self.run.batch_size}) must be a multiple "
                                   f"of optim.grpo_group_size ({n}); a batch is whole groups of {n} rollouts "

@@ -60,8 +60,11 @@ class HeldOutReport:
         return asdict(self)
 
 
-async def held_out_tasks(cfg: TrainConfig) -> tuple[Callable[[], Env], TaskSet]:
+async def held_out_tasks(cfg: TrainConfig, renderer: Any = None) -> tuple[Callable[[], Env], TaskSet]:
     """The held-out environment builder and its first ``cfg.eval.problems`` tasks.
+
+    With ``renderer``, constructor arguments the trainer fills from the model (the template's
+    ``tool_parser``: :func:`agentenv.trainer.setup.default_env_kwargs`) come first, as in training.
 
     Returns:
         ``(env_factory, tasks)``: ``env_factory()`` is ``make(env.id, **{**env.kwargs, **env.eval_kwargs})``;
@@ -73,7 +76,9 @@ async def held_out_tasks(cfg: TrainConfig) -> tuple[Callable[[], Env], TaskSet]:
         DataError: The held-out data cannot be read.
     """
     remedy = f"eval.problems={cfg.eval.problems} has no held-out tasks to play; set eval.problems=0"
-    kwargs: dict[str, Any] = {**cfg.env.kwargs, **cfg.env.eval_kwargs}
+    from agentenv.trainer.setup import default_env_kwargs
+
+    kwargs: dict[str, Any] = {**default_env_kwargs(cfg, renderer), **cfg.env.kwargs, **cfg.env.eval_kwargs}
     if cfg.env.remote is not None:  # the held-out episodes play on the same servers
         kwargs["remote"] = cfg.env.remote
     factory, tasks, _ = await env_tasks(cfg.env.id, kwargs, remedy=remedy)
@@ -93,7 +98,7 @@ async def evaluate_held_out(cfg: TrainConfig, engine: Any, renderer: Any, *, lab
     Raises:
         ConfigError / DataError: See :func:`held_out_tasks`.
     """
-    factory, tasks = await held_out_tasks(cfg)
+    factory, tasks = await held_out_tasks(cfg, renderer)
     rollout = replace(cfg.rollout, temperature=cfg.eval.temperature)
     jobs = make_jobs(list(zip(tasks.ids, tasks.kinds, strict=True)), samples_per_game=cfg.eval.samples_per_problem,
                      seed=cfg.run.seed)

@@ -202,6 +202,7 @@ async def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False,
 
     # 2. model: learner copy + engine copy (+ cached warm-up; Ctrl-C stops it between steps)
     model, tokenizer, renderer = await asyncio.to_thread(setup.load_policy, cfg, should_stop=stop.is_set)
+    env_factory = setup.env_factory(cfg, renderer)  # an env taking tool_parser gets the template's (unless set)
     learner = setup.build_learner(cfg, model)
     engine = BusyTrackingEngine(setup.build_engine(cfg, copy.deepcopy(model), tokenizer))
     group_size = cfg.optim.grpo_group_size if cfg.optim.objective == "grpo" else 1  # rollouts per task
@@ -267,8 +268,11 @@ async def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False,
             # 3. rollout (sync mode: generate exactly B, nothing overlaps with training)
             t_wait = time.time()
             rejected_now.clear()
-            if cfg.run.mode == "sync":  # B good trajectories: B / n whole groups (raises past the failure limit)
-                trajs = await collector.collect(cfg.run.batch_size)
+            # B good trajectories: B / n whole groups (raises past the failure limit); a split episode
+            # (rollout.on_prefix_violation=split) may leave samples over B in the pool, so collect what is missing
+            missing = cfg.run.batch_size - len(pool)
+            if cfg.run.mode == "sync" and missing > 0:
+                trajs = await collector.collect(-(-missing // group_size) * group_size)
                 for i in range(0, len(trajs), group_size):
                     pool.add_group(trajs[i : i + group_size])
             selection = await next_batch(pool, learner, cfg, stop, on_decision, collector, busy.learner)

@@ -25,11 +25,13 @@ logger = logging.getLogger(__name__)
 
 
 # -- environment ----------------------------------------------------------------------------------
-def env_factory(cfg: TrainConfig) -> Callable[[], Env]:
+def env_factory(cfg: TrainConfig, renderer: Any = None) -> Callable[[], Env]:
     """A builder of training environments: ``make(cfg.env.id, **cfg.env.kwargs)`` (``remote=`` ``env.remote``).
 
     One environment is built here, so that a wrong id or constructor argument fails now with a clear
-    error rather than inside a worker.
+    error rather than inside a worker. With ``renderer`` (the policy's :class:`ChatRenderer`), an env
+    whose constructor takes ``tool_parser`` gets the parser its chat template implies when neither the
+    config nor the registration sets one (:func:`default_env_kwargs`).
 
     Raises:
         EnvNotFound: ``env.id`` is not registered.
@@ -38,11 +40,34 @@ def env_factory(cfg: TrainConfig) -> Callable[[], Env]:
         DataError: The env's data cannot be read.
         RemoteEnvError: ``env.remote`` is set and no server answers.
     """
-    kwargs: dict[str, Any] = dict(cfg.env.kwargs)
+    kwargs: dict[str, Any] = {**default_env_kwargs(cfg, renderer), **cfg.env.kwargs}
     if cfg.env.remote is not None:  # agentenv serve servers (agentenv.remote.RemoteEnv)
         kwargs["remote"] = cfg.env.remote
     make(cfg.env.id, **kwargs)
     return lambda: make(cfg.env.id, **kwargs)
+
+
+def default_env_kwargs(cfg: TrainConfig, renderer: Any) -> dict[str, Any]:
+    """Constructor arguments the trainer fills from the model: ``{"tool_parser": NAME}`` or ``{}``.
+
+    ``NAME`` is ``renderer.tool_parser_name`` (the parser the chat template's call syntax implies,
+    :func:`agentenv.tool_calls.parser_for_template`), given only when the env's constructor takes a
+    ``tool_parser`` argument and neither ``env.kwargs`` nor the env's registration sets it; a remote
+    env (the server owns its arguments), a renderer without the property, or a template that implies
+    no parser give ``{}``. Generic: the env's signature decides, not its id.
+    """
+    from agentenv.registration import constructor_parameters
+
+    name = getattr(renderer, "tool_parser_name", None)
+    if name is None or cfg.env.remote is not None:
+        return {}
+    env_spec = spec(cfg.env.id)
+    if "tool_parser" in cfg.env.kwargs or "tool_parser" in env_spec.kwargs:
+        return {}
+    if "tool_parser" not in (constructor_parameters(env_spec.load()) or ()):
+        return {}
+    logger.info("env %s: tool_parser=%r, from the model's chat template", cfg.env.id, name)
+    return {"tool_parser": name}
 
 
 def check_warmup(cfg: TrainConfig) -> None:
@@ -72,7 +97,7 @@ def load_policy(
 
     check_warmup(cfg)
     model, tokenizer = load_model_and_tokenizer(cfg.model.name, device=cfg.model.device)
-    renderer = ChatRenderer(tokenizer)
+    renderer = ChatRenderer(tokenizer, template_kwargs=dict(cfg.model.chat_template_kwargs))
     if cfg.warmup.steps > 0:
         model = warmed_up(cfg, model, tokenizer, renderer, should_stop=should_stop)
     model.eval()
@@ -91,6 +116,8 @@ def warmup_cache_key(cfg: TrainConfig) -> str:
     if tag is None:
         tag = f"{entry.__module__}.{getattr(entry, '__qualname__', type(entry).__qualname__)}"
     parts: list[Any] = [cfg.model.name, to_dict(cfg.warmup), 3] + ([tag] if tag else [])
+    if cfg.model.chat_template_kwargs:  # they change how the demonstrations render (keys of before kept)
+        parts.append({"chat_template_kwargs": dict(cfg.model.chat_template_kwargs)})
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:12]
 
 
