@@ -294,6 +294,21 @@ class ChatRenderer:
         """
         return Conversation(self, user_text, system=system, tools=tools)
 
+    def conversation_from(
+        self, messages: Sequence[Mapping[str, Any]], *, tools: Sequence[Mapping[str, Any]] = ()
+    ) -> Conversation:
+        """A :class:`Conversation` whose prompt is any message list (an agent's request, few-shot turns).
+
+        Args:
+            messages: Chat messages (``role``, ``content`` and the template's other keys, e.g. an
+                assistant's ``tool_calls`` or a tool result's ``tool_call_id``), rendered as given.
+            tools: Tool JSON schemas to advertise.
+
+        Raises:
+            TemplateError: The template failed to render.
+        """
+        return Conversation(self, "", tools=tools, messages=messages)
+
     def decode(self, ids: Sequence[int], *, keep_special: bool = False) -> str:
         """Text of ``ids`` for the environment (tool-call parsing, grading) and logs.
 
@@ -351,14 +366,18 @@ class Conversation:
         *,
         system: str | None = None,
         tools: Sequence[Mapping[str, Any]] = (),
+        messages: Sequence[Mapping[str, Any]] | None = None,
     ) -> None:
         self._r = renderer
         self._tools = [dict(t) for t in tools]
         self._held: dict[str, str] = {}  # placeholder -> untrusted text holding special-token strings
-        self._messages: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
-        self._messages.append({"role": "user", "content": self._hold(user_text)})
-        if system and renderer._holds_special(system):
-            self._messages[0]["content"] = self._hold(system)
+        if messages is not None:  # ChatRenderer.conversation_from
+            self._messages = [self._held_message(m) for m in messages]
+        else:
+            self._messages = [{"role": "system", "content": system}] if system else []
+            self._messages.append({"role": "user", "content": self._hold(user_text)})
+            if system and renderer._holds_special(system):
+                self._messages[0]["content"] = self._hold(system)
         self._text = renderer._render(self._messages, add_generation_prompt=True, tools=self._tools)
         self.prompt_ids = renderer._encode_masked(self._text, self._held)
         self._reply_open = False
@@ -372,6 +391,12 @@ class Conversation:
         self._held[key] = content
         self._r.protected_texts += 1
         return key
+
+    def _held_message(self, message: Mapping[str, Any]) -> dict[str, Any]:
+        out = dict(message)
+        if isinstance(out.get("content"), str):
+            out["content"] = self._hold(out["content"])
+        return out
 
     def add_reply(self, ids: Sequence[int]) -> str:
         """Record a sampled reply; return its text for the environment.
@@ -415,27 +440,46 @@ class Conversation:
                 assistant turn cannot be found in the rendering.
             ConfigError: Unknown ``policy``.
         """
+        return self.observe_messages([{"role": role, "content": content}], policy=policy)
+
+    def observe_messages(self, messages: Sequence[Mapping[str, Any]], *,
+                         policy: PrefixPolicy = "append") -> ObservationDelta:
+        """:meth:`observe` for one or more messages after the reply (e.g. two tool results, then a user turn).
+
+        Args:
+            messages: Non-assistant chat messages (``role``, ``content``, and keys such as
+                ``tool_call_id``), in order.
+            policy: As :meth:`observe`.
+
+        Returns:
+            An :class:`ObservationDelta`.
+
+        Raises:
+            TemplateError: No reply to follow, the template failed to render, or the end of the
+                assistant turn cannot be found in the rendering.
+            ConfigError: Unknown ``policy``.
+        """
         if policy not in PREFIX_POLICIES:
             raise ConfigError(f"prefix policy must be one of {PREFIX_POLICIES}, got {policy!r}")
         if not self._reply_open:
             raise TemplateError("observe() needs a reply first (add_reply)")
         r = self._r
-        message = {"role": role, "content": self._hold(content)}
+        new = [self._held_message(m) for m in messages]
         marked = [*self._messages[:-1], {"role": "assistant", "content": self._messages[-1]["content"] + _SENTINEL}]
-        long = r._render([*marked, message], add_generation_prompt=True, tools=self._tools)
+        long = r._render([*marked, *new], add_generation_prompt=True, tools=self._tools)
         at = long.rfind(_SENTINEL)
         if at >= 0 and long.startswith(r._eot_text, at + len(_SENTINEL)):
             rendered_prefix = long[:at]
             delta = long[at + len(_SENTINEL) + len(r._eot_text) :]
         else:  # the template drops or rewrites the reply: cut after as many turn ends as the history has
-            real = r._render([*self._messages, message], add_generation_prompt=True, tools=self._tools)
+            real = r._render([*self._messages, *new], add_generation_prompt=True, tools=self._tools)
             turns = (self._text + r._eot_text).count(r._eot_text) if r._eot_text else 0
             cut = _after_nth(real, r._eot_text, turns) if turns else -1
             if cut < 0:
                 r.template_errors += 1
                 raise TemplateError("cannot find the end of the assistant turn in the template's rendering")
             rendered_prefix, delta = real[: cut - len(r._eot_text)], real[cut:]
-        self._messages.append(message)
+        self._messages.extend(new)
         self._reply_open = False
         if rendered_prefix == self._text:
             self._text += r._eot_text + delta

@@ -246,6 +246,10 @@ async def run_episode_samples(
 ) -> list[Trajectory]:
     """Play one episode and return its samples (one :class:`~agentenv.trajectory.Trajectory` each).
 
+    An environment with a ``play_episode`` method drives the model itself (an agent program behind
+    an OpenAI-compatible endpoint, :class:`agentenv.agents.AgentEnv`): it is called with these
+    arguments and its samples are returned as they are.
+
     Args:
         env: A fresh or reusable environment (it is reset here, not closed).
         engine: Generates the policy tokens and reports their versions.
@@ -269,6 +273,9 @@ async def run_episode_samples(
         template could not render as an exact continuation (``cfg.on_prefix_violation``). This
         function does not raise for those.
     """
+    play = getattr(env, "play_episode", None)
+    if play is not None:  # the env drives the model (agentenv.agents)
+        return await play(engine, renderer, cfg, seed=seed, options=options, version_fn=version_fn)
     current_version = version_fn or (lambda: engine.version)
     traj = Trajectory(start_version=current_version(), start_time=time.time())
     info: dict[str, Any] = {"turns": 0, "truncation": None, "turn_endings": [], "prefix_violations": 0}

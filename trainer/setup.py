@@ -231,6 +231,8 @@ def update_metrics(version: int, selection: Any, stats: Any, pool: Any, collecto
     row["tools/calls"] = sum(t.info.get("tool_calls", 0) or 0 for t in batch) / len(batch)
     # turns whose observation the chat template could not render as an exact continuation
     row["chat/prefix_violations"] = sum(t.info.get("prefix_violations", 0) for t in batch)
+    # agent programs (agentenv.agents) whose rewritten history broke the token prefix: new samples
+    row["chat/history_rewrites"] = sum(t.info.get("history_rewrites", 0) for t in batch)
     gs = [t.generation_staleness() for t in batch]
     ws = [t.waiting_staleness(version - 1 if consumed_at is None else consumed_at) for t in batch]
     row["staleness/gs_mean"] = sum(gs) / len(gs)

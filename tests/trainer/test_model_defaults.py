@@ -9,8 +9,8 @@ import agentenv
 from agentenv import evaluation
 from agentenv.chat import ChatRenderer
 from agentenv.errors import ConfigError
-from agentenv.trainer import recipe, setup
 from agentenv.models import chat_template
+from agentenv.trainer import recipe, setup
 from tests.agents.tiny import tiny_smollm_lm, tool_renderer
 from tests.fakes import CharRenderer
 from tests.smollm_tokenizer import smollm_tokenizer
