@@ -55,6 +55,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -62,6 +63,7 @@ from typing import Any
 from agentenv.core import Env
 from agentenv.engines.base import GenerationEngine
 from agentenv.errors import AgentEnvError, ConfigError, DataError
+from agentenv.faults import FAULTS
 from agentenv.rollout import Renderer, RolloutConfig, run_episode_samples
 from agentenv.trajectory import Trajectory
 
@@ -137,6 +139,8 @@ class RolloutCollector:
             ones are not finished).
         episodes_failed: Finished episodes that failed (each attempt counts; also ``errors``).
         episodes_retried: Failed episodes that were replayed.
+        episodes_requeued: Episodes cut by an engine that died and was rebuilt (``info["requeue"]``):
+            replayed from the start without spending an attempt (not counted as failed).
         stragglers: Finished episodes that ran past a deadline (``rollout.episode_deadline_s`` or
             ``turn_deadline_s``), truncated or failed as ``rollout.on_deadline`` says.
         tasks_dropped: Tasks (groups) dropped after ``max_retries + 1`` failures of one member.
@@ -209,6 +213,7 @@ class RolloutCollector:
         self.episodes_finished = 0
         self.episodes_failed = 0
         self.episodes_retried = 0
+        self.episodes_requeued = 0
         self.stragglers = 0
         self.tasks_dropped = 0
         self.episodes_discarded = 0
@@ -336,8 +341,10 @@ class RolloutCollector:
         Raises:
             Exception: Whatever ``env_factory`` raises (the old environment is kept then).
         """
+        t0 = time.monotonic()
         old = self._envs[slot]
         self._envs[slot] = self._env_factory()
+        FAULTS.record("env_replaced", time.monotonic() - t0)  # the slot plays again once it is built
         try:
             await asyncio.wait_for(old.close(), _CLOSE_TIMEOUT_S)
         except asyncio.CancelledError:
@@ -383,6 +390,11 @@ class RolloutCollector:
                 return None
             self._open.remove(group)
             return [t for member in group.members if member is not None for t in member]
+        if samples[-1].info.get("requeue"):  # the engine died under it and was rebuilt: play it again, no attempt spent
+            self.episodes_requeued += 1
+            if not group.dropped:
+                group.todo.appendleft(m)
+            return None
         self.episodes_failed += 1
         self._bump_streak(reason)
         if not group.dropped:
@@ -546,12 +558,13 @@ class RolloutCollector:
     def report_counts(self) -> dict[str, int]:
         """Failure counters for one metrics row: totals, and the change since the previous call.
 
-        Keys: ``failed``/``retried``/``dropped_tasks``/``stragglers`` (since the previous call) and their
+        Keys: ``failed``/``retried``/``dropped_tasks``/``stragglers``/``requeued`` (since the previous call) and their
         ``*_total``; ``discarded_total``, ``delivery_errors_total``, ``worker_restarts_total``,
         ``failure_streak``. Call once per update.
         """
         totals = {"failed": self.episodes_failed, "retried": self.episodes_retried,
-                  "dropped_tasks": self.tasks_dropped, "stragglers": self.stragglers}
+                  "dropped_tasks": self.tasks_dropped, "stragglers": self.stragglers,
+                  "requeued": self.episodes_requeued}
         row = {k: v - self._reported.get(k, 0) for k, v in totals.items()}
         row.update({f"{k}_total": v for k, v in totals.items()})
         row.update(discarded_total=self.episodes_discarded, delivery_errors_total=self.delivery_errors,

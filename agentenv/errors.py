@@ -47,6 +47,30 @@ class WeightUpdateError(EngineError):
     """New weights could not be loaded; the engine keeps serving its previous policy version."""
 
 
+class EngineDied(EngineError):
+    """The engine itself failed with requests in flight (its decode thread or process died, a forward pass raised).
+
+    Not the request's fault: :class:`agentenv.engines.supervised.SupervisedEngine` rebuilds the engine.
+    """
+
+
+class EngineRebuilt(EngineError):
+    """The engine serving this request died and was rebuilt; the episode's task is requeued, not failed.
+
+    Attributes:
+        requeue: Always True: the collector replays the task without counting a failed attempt.
+    """
+
+    requeue = True
+
+
+class GradingError(AgentEnvError):
+    """An answer could not be graded for reasons outside the policy (the grading worker hung or died).
+
+    The episode fails (status ``"error"``) and its task is replayed; it never enters a batch as reward 0.
+    """
+
+
 class TemplateError(AgentEnvError):
     """A chat template broke the token-in-token-out prefix property and the turn cannot be appended."""
 

@@ -377,6 +377,8 @@ async def run_episode_samples(
     except (EngineError, TemplateError) as exc:
         traj.status = "error"
         info["error"] = f"{type(exc).__name__}: {exc}"
+        if getattr(exc, "requeue", False):  # EngineRebuilt: not the episode's failure, its task is replayed
+            info["requeue"] = True
         logger.warning("episode %s failed: %s", traj.id, info["error"])
     except Exception as exc:  # an environment that raises ends only its own episode
         traj.status = "error"

@@ -47,7 +47,9 @@ import yaml
 from agentenv.collector import RolloutCollector
 from agentenv.configio import apply_overrides, load_config, read_yaml, to_dict
 from agentenv.engines.busy import BusyClock, BusyTrackingEngine
+from agentenv.engines.supervised import SupervisedEngine, rebuild_from_learner
 from agentenv.errors import AgentEnvError, ConfigError, Interrupted, RunFolderError
+from agentenv.faults import FAULTS
 from agentenv.malloc import release_free_heap
 from agentenv.models import check_model
 from agentenv.pool import TrajectoryPool
@@ -204,7 +206,17 @@ async def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False,
     model, tokenizer, renderer = await asyncio.to_thread(setup.load_policy, cfg, should_stop=stop.is_set)
     env_factory = setup.env_factory(cfg, renderer)  # an env taking tool_parser gets the template's (unless set)
     learner = setup.build_learner(cfg, model)
-    engine = BusyTrackingEngine(setup.build_engine(cfg, copy.deepcopy(model), tokenizer))
+    # an engine that dies is rebuilt from the learner's latest weights (agentenv/engines/supervised.py);
+    # the learner lock keeps a rebuild from reading the weights while the learner steps
+    learner_lock = asyncio.Lock()
+
+    async def rebuild_engine(dead: Any) -> Any:
+        async with learner_lock:
+            return await rebuild_from_learner(dead, learner, lambda m: setup.build_engine(cfg, m, tokenizer))
+
+    FAULTS.reset()  # faults/* count from this run's start
+    engine = BusyTrackingEngine(SupervisedEngine(setup.build_engine(cfg, copy.deepcopy(model), tokenizer),
+                                                 rebuild_engine))
     group_size = cfg.optim.grpo_group_size if cfg.optim.objective == "grpo" else 1  # rollouts per task
     pool = TrajectoryPool(cfg.staleness, group_size=group_size)
     checkpoints = CheckpointManager(run_dir / "checkpoints")
@@ -286,7 +298,8 @@ async def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False,
             # so the next batch is gated at the same lag); it is discarded all the same.
             t_update, consumed_at = time.time(), learner.version
             with busy.learner.running():  # the learner is busy until the engine holds the new weights
-                stats = await asyncio.to_thread(_step, learner, selection)
+                async with learner_lock:
+                    stats = await asyncio.to_thread(_step, learner, selection)
                 update_s = time.time() - t_update
                 await asyncio.to_thread(release_free_heap)  # the step's freed activations leave the process
                 if stats.stepped:  # the state-dict copy runs in a worker thread too
@@ -302,6 +315,7 @@ async def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False,
             row["engine/busy_share"] = row["busy/engine_s"] / max(row["busy/wall_s"], 1e-9)
             row["train/batches"] = batches
             row.update(resumed.figures())  # resume/count, resume/requeued_tasks_total (in-flight tasks replayed)
+            row.update(FAULTS.report())  # faults/engine_rebuilds, sandbox_replaced, env_replaced, grader_kills, ...
             metrics.log(batches, row)
             for traj in selection.batch:  # with the collector's task seed: some envs' task ids repeat across seeds
                 record = {**setup.consumed_record(traj, consumed_at), "seed": traj.info.get("seed")}

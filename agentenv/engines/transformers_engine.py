@@ -33,7 +33,8 @@ from agentenv.engines import kv_cache
 from agentenv.engines.base import ContinuationMode, GenerationOutput, SamplingParams, TokenSpan
 from agentenv.engines.sampling import processed_logprobs, sample, validate_params
 from agentenv.engines.weights import check_state_dict, copy_into, load_weights
-from agentenv.errors import ClosedError, ConfigError, EngineError, WeightUpdateError
+from agentenv.errors import ClosedError, ConfigError, EngineDied, EngineError, WeightUpdateError
+from agentenv.faults import fault_point
 
 
 @dataclass(eq=False)
@@ -283,8 +284,9 @@ class TransformersEngine:
         Raises:
             ConfigError: Bad sampling settings.
             ClosedError: The engine was closed.
-            EngineError: Empty or over-long prompt, an out-of-vocabulary id, or the model failed while
-                this request was in flight (the engine keeps serving other requests).
+            EngineError: Empty or over-long prompt, an out-of-vocabulary id, or a prefill failed.
+            EngineDied: The decode thread died or a decode step failed while this request was in flight
+                (a later request starts a fresh thread; ``SupervisedEngine`` rebuilds the engine).
         """
         validate_params(params)
         prompt = [int(t) for t in prompt_ids]
@@ -381,9 +383,10 @@ class TransformersEngine:
                     waiting = [r for r in waiting if not r.cancelled]
                     self._admit(waiting, batch)
                     if batch.rows:
+                        fault_point("engine.decode")  # tests: AGENTENV_FAULT=engine.decode:K kills the thread
                         self._step(batch)
         except BaseException as exc:  # the thread must not die silently: fail what it holds
-            self._fail_all(waiting, batch, EngineError(f"decode thread died: {exc!r}"))
+            self._fail_all(waiting, batch, EngineDied(f"decode thread died: {exc!r}"))
             raise
 
     def _fail_all(self, waiting: list[_Request], batch: _Batch, error: EngineError) -> None:
@@ -453,7 +456,7 @@ class TransformersEngine:
                 r.n_cached += 1
             done = self._sample_and_check(rows, logits)
         except Exception as exc:
-            error = EngineError(f"generation failed mid-request: {exc!r}")
+            error = EngineDied(f"generation failed mid-request: {exc!r}")
             for r in rows:
                 _resolve(r.loop, r.future, error=error)
             batch.reset()

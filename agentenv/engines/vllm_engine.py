@@ -39,7 +39,7 @@ import torch
 from agentenv.engines.base import ContinuationMode, GenerationOutput, SamplingParams, TokenSpan
 from agentenv.engines.sampling import validate_params
 from agentenv.engines.weights import load_weights
-from agentenv.errors import ClosedError, ConfigError, EngineError, WeightUpdateError
+from agentenv.errors import ClosedError, ConfigError, EngineDied, EngineError, WeightUpdateError
 
 
 @dataclass(eq=False)
@@ -228,6 +228,8 @@ class VLLMEngine:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
+            if type(exc).__name__ == "EngineDeadError" or getattr(self._llm, "errored", False):
+                raise EngineDied(f"the vLLM engine died: {exc!r}") from exc  # its core process is gone
             raise EngineError(f"vLLM failed the request: {exc!r}") from exc
         finally:
             self._live.pop(rid, None)
