@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 
 from agentenv.errors import ClosedError, ConfigError, SandboxError
+from agentenv.faults import FAULTS
 from agentenv.sandboxes.base import SandboxLimits
 from agentenv.sandboxes.select import ISOLATION, make_launcher
 from agentenv.sandboxes.session import Launcher, WorkerSandbox
@@ -87,14 +89,22 @@ class SandboxPool:
     async def acquire(self) -> WorkerSandbox:
         """A started sandbox nobody used; waits for a start only when none is ready.
 
+        A ready sandbox whose worker died while it waited is closed and replaced by a fresh one for this
+        caller (counted in :data:`agentenv.faults.FAULTS` as ``sandbox_replaced``).
+
         Raises:
             ClosedError: The pool is closed.
             SandboxError: No sandbox was ready and starting one failed.
         """
         if self._closed:
             raise ClosedError("sandbox pool is closed")
+        dead_since = None
         try:
             sb = self._ready.get_nowait()
+            if not sb.alive:  # a warm worker that died while it waited: never handed out
+                dead_since = time.monotonic()
+                await sb.close()
+                raise asyncio.QueueEmpty
         except asyncio.QueueEmpty:
             self.waits += 1  # cold: start one for this caller now (the pool keeps refilling too)
             sb = WorkerSandbox(self._launcher, self.limits)
@@ -105,6 +115,8 @@ class SandboxPool:
                 raise
             self._failures = 0
             self.isolation = sb.isolation
+            if dead_since is not None:
+                FAULTS.record("sandbox_replaced", time.monotonic() - dead_since)
         self._out.add(sb)
         self._refill()
         return sb

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from agentenv.errors import ClosedError, ConfigError, SandboxError
+from agentenv.faults import FAULTS
 from agentenv.sandboxes.base import ExecResult, ExecStatus, SandboxLimits
 from agentenv.sandboxes.channel import Channel, ProtocolError
 
@@ -93,6 +94,17 @@ async def read_hello(handle: WorkerHandle, what: str) -> WorkerHandle:
     return handle
 
 
+def _alive(handle: WorkerHandle | None) -> bool:
+    """False when ``handle``'s host process has exited (process and bwrap backends); else True."""
+    proc = getattr(handle.state, "proc", None) if handle is not None else None
+    return proc is None or getattr(proc, "returncode", None) is None
+
+
+def _count_replacement(task: asyncio.Task, t0: float) -> None:
+    if not task.cancelled() and task.exception() is None:
+        FAULTS.record("sandbox_replaced", time.monotonic() - t0)
+
+
 class WorkerSandbox:
     """A :class:`~agentenv.sandboxes.base.Sandbox` backed by a persistent worker.
 
@@ -121,6 +133,11 @@ class WorkerSandbox:
     def ready(self) -> bool:
         """True when a live worker waits for a snippet."""
         return self._handle is not None and not self._closed
+
+    @property
+    def alive(self) -> bool:
+        """False when the worker's process is known to have exited (host-process backends); else True."""
+        return _alive(self._handle)
 
     async def start(self) -> WorkerSandbox:
         """Start the worker now (idempotent). Raises SandboxError, ClosedError."""
@@ -152,7 +169,9 @@ class WorkerSandbox:
 
         Raises:
             ClosedError: The sandbox was closed.
-            SandboxError: No worker could be started at all.
+            SandboxError: No worker could be started at all, or the worker died between two calls
+                (killed from outside while idle: its state is lost, which is not the snippet's doing;
+                a replacement is started for a later call).
             TypeError: ``code`` is not a string.
             ConfigError: ``timeout_s`` is not a positive number.
         """
@@ -167,6 +186,11 @@ class WorkerSandbox:
             if self._handle is None:
                 await self._take_worker()
             handle = self._handle
+            if not _alive(handle):  # died while idle (killed from outside): not the snippet's doing
+                _, reason = await self._launcher.diagnose(handle)
+                await self._replace(None)
+                raise SandboxError(f"the sandbox worker died between two calls ({reason}); its state is lost, "
+                                   "so the episode cannot go on")
             self.calls += 1
             t0 = time.monotonic()
             try:
@@ -198,14 +222,20 @@ class WorkerSandbox:
                 return await self._replace(result)
             return result
 
-    async def _replace(self, result: ExecResult) -> ExecResult:
-        """Kill the current worker and start its replacement in the background."""
+    async def _replace(self, result: ExecResult | None) -> ExecResult | None:
+        """Kill the current worker and start its replacement in the background.
+
+        The replacement is counted in :data:`agentenv.faults.FAULTS` (``sandbox_replaced``) once it said
+        hello, with the seconds from here to then.
+        """
+        t0 = time.monotonic()
         handle, self._handle = self._handle, None
         self.replacements += 1
         if handle is not None:
             await self._launcher.kill(handle)
         if not self._closed:
             self._next = asyncio.create_task(self._launcher.start())
+            self._next.add_done_callback(lambda task: _count_replacement(task, t0))
         return result
 
     def _abandon(self) -> None:

@@ -11,7 +11,8 @@ from agentenv.core import Demonstration, Env, StepResult, TaskSet
 from agentenv.envs.python_tool.datasets import MathProblem, load_math
 from agentenv.envs.python_tool.grading import Grader, default_grader
 from agentenv.envs.python_tool.tool import PYTHON_TOOL_SCHEMA, SYSTEM_PROMPT, check_arguments, format_result
-from agentenv.errors import ClosedError, ConfigError, DataError, ResetNeeded
+from agentenv.errors import ClosedError, ConfigError, DataError, GradingError, ResetNeeded
+from agentenv.faults import fault_point
 from agentenv.sandboxes import SandboxLimits, create_sandbox_pool
 from agentenv.text_spaces import UnicodeText
 from agentenv.tool_calls import HermesToolCallParser, ToolCallError, ToolCallParser, get_tool_parser
@@ -54,7 +55,8 @@ class PythonToolEnv(Env[str, str]):
         problems: An explicit problem list; overrides ``dataset``.
         max_problem_chars: Keep only problems at most this many characters long (None keeps all),
             in their order; e.g. short "Compute ..." problems a 135M model can turn into one expression.
-        grade_timeout_s: Seconds grading one answer may take (then graded wrong).
+        grade_timeout_s: Seconds grading one answer may take; past it the grading worker is killed and
+            ``step`` raises ``GradingError`` (the episode fails and is replayed, never scored 0).
         grader: Grader to use; default the process-wide one.
         max_output_chars: Characters kept of each stream of each tool result.
         data_root: Shared data folder (default :func:`agentenv.paths.data_dir`).
@@ -191,10 +193,14 @@ class PythonToolEnv(Env[str, str]):
 
         Raises:
             ResetNeeded: No episode is running.
-            SandboxError: The sandbox backend cannot start a worker.
+            SandboxError: The sandbox backend cannot start a worker, or the episode's worker died between
+                two calls (its state is lost).
+            GradingError: The grading worker hung (killed at ``grade_timeout_s``) or died: the answer was
+                not graded, which is not the policy's doing (the episode fails and is replayed).
         """
         if self._done or self._problem is None:
             raise ResetNeeded("call reset() before step() (the episode is over or never started)")
+        fault_point("python_tool.step")  # tests: AGENTENV_FAULT=python_tool.step:K crashes the env here
         s = self._stats
         s["turn"] += 1
         parsed = self.parser.parse(action if isinstance(action, str) else str(action))
@@ -258,6 +264,9 @@ class PythonToolEnv(Env[str, str]):
         t0 = time.perf_counter()
         grade = await grader.grade_async(reply, self._problem.answers, timeout_s=self.grade_timeout_s)
         self._stats["grading_s"] = time.perf_counter() - t0
+        if grade.fault is not None:  # the grader hung (killed) or died: not the answer's verdict, never reward 0
+            await self._end_episode()
+            raise GradingError(f"the answer could not be graded: {grade.reason} (the episode is played again)")
         await self._end_episode()
         info = self._info(truncated=False)
         info.update(extracted_answer=grade.extracted, grade_reason=grade.reason, correct=grade.correct)

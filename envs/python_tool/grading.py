@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentenv.errors import ConfigError
+from agentenv.faults import FAULTS
 
 #: ``verify_fn(extracted, golds) -> (correct, reason)``; runs inside the worker process.
 VerifyFn = Callable[[str, list[str]], tuple[bool, str]]
@@ -58,12 +59,15 @@ class GradeResult:
         reason: ``"correct"`` (``"correct (several boxes read as one set)"`` for a box group),
             ``"wrong"``, or why the answer could not be graded.
         duration_s: Wall-clock seconds spent grading (waiting for a free worker excluded).
+        fault: ``"timeout"`` (the worker passed the deadline and was killed) or ``"crashed"`` (the
+            worker died): the answer was not graded, for reasons outside the policy; else None.
     """
 
     correct: bool
     extracted: str | None
     reason: str
     duration_s: float = 0.0
+    fault: str | None = None
 
 
 def _box_span(text: str, start: int) -> tuple[str, int] | None:
@@ -784,14 +788,16 @@ class Grader:
                 if reply is None:
                     self.timeouts += 1
                     self._drop(worker)
+                    FAULTS.record("grader_kills", time.perf_counter() - t0)  # from the hung request to the kill
                     return GradeResult(
-                        False, extracted, f"timeout after {timeout_s:g} s", time.perf_counter() - t0
+                        False, extracted, f"timeout after {timeout_s:g} s", time.perf_counter() - t0, "timeout"
                     )
                 correct, reason = reply
             except (EOFError, OSError, BrokenPipeError) as exc:
                 self._drop(worker)
+                FAULTS.record("grader_crashes", time.perf_counter() - t0)
                 return GradeResult(
-                    False, extracted, f"grader crashed: {type(exc).__name__}", time.perf_counter() - t0
+                    False, extracted, f"grader crashed: {type(exc).__name__}", time.perf_counter() - t0, "crashed"
                 )
             if correct:
                 self._give_back(worker)
