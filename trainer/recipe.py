@@ -197,7 +197,7 @@ async def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False,
 
     # the environment before the model: a wrong id or constructor argument (env.kwargs, env.eval_kwargs),
     # a warm-up or held-out evaluation the env cannot serve, fails in seconds
-    env_factory = setup.env_factory(cfg)
+    setup.env_factory(cfg)  # checks the id and the constructor arguments; built for real below, with the renderer
     setup.check_warmup(cfg)
     if cfg.eval.problems:
         await held_out_tasks(cfg)

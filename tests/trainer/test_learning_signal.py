@@ -63,7 +63,7 @@ def tiny_lm() -> torch.nn.Module:
 
 def test_the_async_loop_learns_a_small_task(tmp_path, monkeypatch):
     monkeypatch.setattr(setup, "load_policy", lambda cfg, **_: (tiny_lm(), None, CharRenderer()))
-    monkeypatch.setattr(setup, "env_factory", lambda cfg: EvenCharEnv)
+    monkeypatch.setattr(setup, "env_factory", lambda cfg, *_: EvenCharEnv)
     cfg, _ = recipe.parse_args(["--run-dir", str(tmp_path / "run"), *OVERRIDES])
     run_dir = recipe.prepare_run_dir(cfg, resume=False, overwrite=False)
     summary = asyncio.run(asyncio.wait_for(recipe.train(cfg, run_dir), 280))

@@ -93,7 +93,7 @@ def scripted(monkeypatch):
 
 
 def _train(tmp_path, env, monkeypatch, *extra):
-    monkeypatch.setattr(setup, "env_factory", lambda cfg: env)
+    monkeypatch.setattr(setup, "env_factory", lambda cfg, *_: env)
     cfg, _ = recipe.parse_args(["--run-dir", str(tmp_path / "run"), *OVERRIDES, *extra])
     run_dir = recipe.prepare_run_dir(cfg, resume=False, overwrite=False)
     return asyncio.run(asyncio.wait_for(recipe.train(cfg, run_dir), 90)), run_dir
@@ -127,7 +127,7 @@ def test_a_flaky_env_trains_on_good_episodes_only_and_counts_the_failures(tmp_pa
 
 
 def test_agentenv_train_exits_1_naming_the_error(tmp_path, monkeypatch, scripted, capsys):
-    monkeypatch.setattr(setup, "env_factory", lambda cfg: BrokenResetEnv)
+    monkeypatch.setattr(setup, "env_factory", lambda cfg, *_: BrokenResetEnv)
     monkeypatch.setattr(recipe, "check_model", lambda name: None)
     rc = recipe.main(["--run-dir", str(tmp_path / "run"), *OVERRIDES, "--updates", "2"])
     assert rc == 1

@@ -51,7 +51,7 @@ def test_scoring_weight_copy_and_checkpoint_run_off_the_event_loop(tmp_path, mon
     monkeypatch.setattr(setup, "load_policy", lambda cfg, **_: (tiny_lm(), None, CharRenderer()))
     monkeypatch.setattr(setup, "build_engine", lambda cfg, model, tok: ScriptedEngine(["done", "no"]))
     monkeypatch.setattr(setup, "build_learner", slowed)
-    monkeypatch.setattr(setup, "env_factory", lambda cfg: CountdownEnv)
+    monkeypatch.setattr(setup, "env_factory", lambda cfg, *_: CountdownEnv)
     overrides = [o for o in OVERRIDES if not o.startswith(("staleness.drift_mode", "run.checkpoint_every"))]
     cfg, _ = recipe.parse_args(["--run-dir", str(tmp_path / "run"), *overrides, "--updates", "3",
                                 "staleness.drift_mode=scoring", "run.checkpoint_every=1"])

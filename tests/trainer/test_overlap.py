@@ -159,7 +159,7 @@ KEYS = ("busy/engine_s", "busy/env_s", "busy/learner_s")
 
 def run_loop(tmp_path, monkeypatch, mode):
     monkeypatch.setattr(setup, "load_policy", lambda cfg, **_: (tiny_lm(), None, CharRenderer()))
-    monkeypatch.setattr(setup, "env_factory", lambda cfg: SlowToolEnv)
+    monkeypatch.setattr(setup, "env_factory", lambda cfg, *_: SlowToolEnv)
     cfg, _ = recipe.parse_args(["--run-dir", str(tmp_path / mode), *OVERRIDES, f"run.mode={mode}"])
     run_dir = recipe.prepare_run_dir(cfg, resume=False, overwrite=False)
     summary = asyncio.run(asyncio.wait_for(recipe.train(cfg, run_dir), 100))

@@ -94,7 +94,7 @@ def train_then_resume(run_dir: str, overrides: list[str]) -> dict:
 
     calls: list[dict] = []
     setup.build_learner = recording(setup.build_learner, calls)
-    setup.env_factory = lambda cfg: SeedParityEnv
+    setup.env_factory = lambda cfg, *_: SeedParityEnv
     cfg, _ = parse_args(["--run-dir", run_dir, "--updates", "1", *overrides])
     first = asyncio.run(train(cfg, prepare_run_dir(cfg, resume=False, overwrite=False)))
     n_first = len(calls)

@@ -50,7 +50,7 @@ def trained(tmp_path, monkeypatch, scripted):  # noqa: F811
 
     Episodes take 20 ms and the pool may hold 256, so admission never stops a worker: at every
     checkpoint each of the 4 workers is playing a task."""
-    monkeypatch.setattr(setup, "env_factory", lambda cfg: SlowCountdownEnv)
+    monkeypatch.setattr(setup, "env_factory", lambda cfg, *_: SlowCountdownEnv)
     assert _run(tmp_path, "--updates", "2", "run.max_pool_size=256")["updates"] == 2
     root = tmp_path / "run" / "checkpoints"
     assert sorted(p.name for p in root.iterdir()) == ["latest", "v00000001", "v00000002"]
