@@ -102,6 +102,10 @@ class OptimConfig:
             sec. 3.4); it still counts in B. ``"penalty"``: ``truncation_penalty`` is subtracted from
             its reward before the advantages (DAPO's overlong punishment at its hard limit).
         truncation_penalty: Reward units subtracted under ``truncation: penalty`` (>= 0).
+        advantage_clip_negative: Replace each advantage by ``max(A_i, 0)`` after the baseline
+            (FlashREINFORCE's batch mean or GRPO's group normalisation): failed trajectories then carry
+            no gradient, only the better-than-average ones are reinforced. Off by default; the ablation
+            of the FlashREINFORCE paper's signed-feedback claim (``agentenv study signed_feedback``).
     """
 
     objective: Literal["flash_reinforce", "grpo"] = "flash_reinforce"
@@ -121,6 +125,7 @@ class OptimConfig:
     share_prefix: bool = True
     truncation: Literal["keep", "mask", "penalty"] = "keep"
     truncation_penalty: float = 1.0
+    advantage_clip_negative: bool = False
 
     def __post_init__(self) -> None:
         if self.truncation not in ("keep", "mask", "penalty"):
@@ -659,7 +664,8 @@ def prepare_batch(
     Trajectories cut by a token budget are treated as ``config.truncation`` says (:class:`OptimConfig`).
 
     Returns:
-        ``(batch, admitted)``: advantages ``A_i = R_i - mean R`` over all B rows (GRPO: per group);
+        ``(batch, admitted)``: advantages ``A_i = R_i - mean R`` over all B rows (GRPO: per group;
+        ``max(A_i, 0)`` under ``config.advantage_clip_negative``);
         ``admitted`` is ``(B,)`` bool from the scores, or None.
 
     Raises:
@@ -677,6 +683,8 @@ def prepare_batch(
         adv = masked_batch_mean_advantages(rewards, ~cut)
     else:
         adv = batch_mean_advantages(rewards)
+    if config.advantage_clip_negative:  # A = max(A, 0): no negative feedback (OptimConfig)
+        adv = adv.clamp(min=0.0)
     batch = replace(batch, advantages=adv.float())
     admitted = None
     if scores is not None and config.objective == "flash_reinforce":
