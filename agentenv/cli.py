@@ -15,6 +15,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("agentenv.trainer.recipe:main", "train a model with asynchronous RL (FlashREINFORCE + PACE)"),
     "eval": ("agentenv.evaluation:main", "evaluate a model on an environment (e.g. ALFWorld seen/unseen)"),
     "compare": ("agentenv.trainer.compare:main", "run one recipe in sync and async modes; print a table"),
+    "study": ("agentenv.trainer.study:main", "rerun one of the papers' claims at small scale: table and plots"),
     "envs": ("agentenv.registration_cli:list_envs_main", "list the registered environments"),
     "serve": ("agentenv.remote.server:main", "serve a registered environment over HTTP (one session per episode)"),
     "sandbox": ("agentenv.sandboxes.cli:main", "sandbox tools: build-image, info"),

@@ -1,0 +1,195 @@
+"""``agentenv study``: the studies as data, the table from hand-written run folders, bad input, and
+(slow) one real ``--quick`` study with the embedded model, then its resume."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from agentenv.errors import ConfigError, DataError, RunFolderError
+from agentenv.trainer.learner import OptimConfig, prepare_batch
+from agentenv.trainer.studies import STUDIES
+from agentenv.trainer.study import (
+    get_study,
+    main,
+    run_study,
+    setting_configs,
+    study_row,
+    table,
+    wilson_interval,
+)
+from tests.trainer.conftest import make_trajectories
+
+
+def _jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_wilson_interval_against_hand_computed_values():
+    # 7 of 10: centre (0.7 + 1.92/10) / 1.384 = 0.6446, half 1.96 sqrt(0.021 + 0.00960) / 1.384 = 0.2477
+    low, high = wilson_interval(7, 10)
+    assert low == pytest.approx(0.3968, abs=1e-4) and high == pytest.approx(0.8922, abs=1e-4)
+    low, high = wilson_interval(0, 20)  # no successes: a one-sided interval from 0, not [0, 0]
+    assert low == 0.0 and high == pytest.approx(0.1611, abs=1e-4)
+    assert wilson_interval(5, 5)[1] == 1.0
+    for bad in ((3, 0), (-1, 5), (6, 5)):
+        with pytest.raises(DataError):
+            wilson_interval(*bad)
+
+
+def _fake_setting(run, success, tools):
+    run.mkdir(parents=True)
+    (run / "summary.json").write_text(json.dumps({"updates": 3, "train_s": 30.04, "wall_clock_s": 61.26}))
+    _jsonl(run / "metrics.jsonl", [
+        {"update": u, "train/batches": u, "reward/mean": r, "tools/calls": t, "length/policy_tokens": 40 + u,
+         "learner/admitted_fraction": 1.0, "learner/mean_d": 0.01, "pool/rejected": 0, "engine/busy_share": 0.5}
+        for u, r, t in zip((1, 2, 3), (0.25, 0.5, 0.75), tools, strict=True)])
+    _jsonl(run / "staleness.jsonl", [{"gs": 0, "ws": 1}] * 12)
+    for label, rate in (("before", 0.25), ("after", success)):
+        outcomes = [1.0] * round(rate * 8) + [0.0] * (8 - round(rate * 8))
+        (run / f"eval_{label}.json").write_text(json.dumps({
+            "success_rate": rate, "outcomes": outcomes, "tool_calls_mean": 0.5, "version": 3}))
+
+
+def test_row_and_table_from_run_folders(tmp_path):
+    study = STUDIES["signed_feedback"]
+    _fake_setting(tmp_path / "a", 0.5, (1.0, 2.0, 0.0))
+    _fake_setting(tmp_path / "b", 0.875, (0.0, 0.0, 0.5))
+    row = study_row(study, "a", tmp_path / "a")
+    lo, hi = wilson_interval(4, 8)
+    assert row == {"setting": "a", "tool_calls": 1.0, "success_after": 0.5,
+                   "success_after_ci95": [round(lo, 4), round(hi, 4)], "tool_calls_after": 0.5,
+                   "reward_last5": 0.5, "wall_clock_s": 61.3, "train_s": 30.0, "updates": 3, "rollouts": 12}
+    md = table(study, [row, study_row(study, "b", tmp_path / "b")]).splitlines()
+    assert md[0] == ("| setting | tool_calls | success_after | tool_calls_after | reward_last5 | wall_clock_s "
+                     "| train_s | updates | rollouts |")
+    assert md[2] == f"| a | 1.0 | 0.500 [{lo:.3f}, {hi:.3f}] | 0.5 | 0.5 | 61.3 | 30.0 | 3 | 12 |"
+    assert md[3].startswith("| b | 0.1667 | 0.875 [")
+
+
+def test_a_run_without_held_out_evaluation_says_n_a(tmp_path):
+    _fake_setting(tmp_path / "a", 0.5, (1.0, 1.0, 1.0))
+    for p in tmp_path.glob("a/eval_*.json"):
+        p.unlink()
+    row = study_row(STUDIES["one_vs_group"], "a", tmp_path / "a")
+    assert row["success_after"] is None and row["success_after_ci95"] is None
+    assert "| n/a |" in table(STUDIES["one_vs_group"], [row])
+
+
+def test_every_runnable_study_builds_valid_configs_with_equal_budgets(tmp_path):
+    runnable = [s for s in STUDIES.values() if not s.not_runnable]
+    assert [s.name for s in runnable] == ["one_vs_group", "signed_feedback", "staleness_wall_clock", "entropy_filter"]
+    for study in runnable:
+        configs = setting_configs(study, tmp_path, quick=False)
+        assert len(configs) == len(study.settings) >= 2
+        assert {c.env.kwargs["dataset"] for _, c in configs} == {"tool_expr_train"}
+        assert {c.env.eval_kwargs["dataset"] for _, c in configs} == {"tool_expr_eval"}
+        assert len({(c.run.updates, c.run.batch_size) for _, c in configs}) == 1  # equal rollouts
+        assert [c.run.run_dir for _, c in configs] == [str(tmp_path / s.name) for s in study.settings]
+    cfgs = dict(setting_configs(STUDIES["one_vs_group"], tmp_path, quick=False))
+    (_, flash), (_, grpo) = list(cfgs.items())
+    assert (flash.optim.objective, grpo.optim.objective, grpo.optim.grpo_group_size) == ("flash_reinforce", "grpo", 4)
+    signed = [c.optim.advantage_clip_negative for _, c in setting_configs(STUDIES["signed_feedback"], tmp_path,
+                                                                           quick=False)]
+    assert signed == [False, True]
+    wall = setting_configs(STUDIES["staleness_wall_clock"], tmp_path, quick=False)
+    assert [(c.run.mode, c.staleness.policy, c.staleness.drift_mode) for _, c in wall] == [
+        ("sync", "sync", "token_share"), ("async", "none", "token_share"), ("async", "max_lag", "token_share"),
+        ("async", "pace", "token_share"), ("async", "pace", "scoring")]
+    quick = setting_configs(STUDIES["entropy_filter"], tmp_path, quick=True)
+    assert [c.optim.entropy_keep_fraction for _, c in quick] == [None, 0.9]
+    assert {(c.run.updates, c.run.batch_size, c.eval.problems) for _, c in quick} == {(2, 4, 4)}
+
+
+def test_bad_input_is_a_clear_error_before_anything_runs(tmp_path, capsys):
+    with pytest.raises(ConfigError, match="unknown study 'nope'; known studies: one_vs_group, signed_feedback"):
+        get_study("nope")
+    with pytest.raises(ConfigError, match="gate_under_lag' cannot run yet: no forced-lag mechanism"):
+        get_study("gate_under_lag")
+    with pytest.raises(ConfigError, match="setting grpo_n4 cannot apply: a GRPO group of 4 rollouts"):
+        run_study("one_vs_group", tmp_path / "s", quick=True, overrides=["run.concurrency=2"])
+    with pytest.raises(ConfigError, match="setting grpo_n4: .*multiple of optim.grpo_group_size"):
+        run_study("one_vs_group", tmp_path / "s", quick=True, overrides=["run.batch_size=6"])
+    assert not (tmp_path / "s").exists()
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "study.json").write_text(json.dumps({"study": "entropy_filter", "quick": True}))
+    with pytest.raises(RunFolderError, match="holds study 'entropy_filter', not 'signed_feedback'"):
+        run_study("signed_feedback", other, quick=True, resume=True)
+    with pytest.raises(RunFolderError, match="holds a --quick run of entropy_filter"):
+        run_study("entropy_filter", other, quick=False, resume=True)
+    with pytest.raises(RunFolderError, match="pass --resume"):
+        run_study("entropy_filter", other, quick=True)
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.yaml").write_text("run: {}\n")
+    with pytest.raises(RunFolderError, match="not a study folder"):
+        run_study("entropy_filter", tmp_path / "run", quick=True)
+    with pytest.raises(RunFolderError, match="holds no study"):
+        run_study("entropy_filter", tmp_path / "empty", quick=True, resume=True)
+    assert main(["nope"]) == 2
+    assert "known studies: one_vs_group" in capsys.readouterr().err
+
+
+def test_advantage_clip_negative_keeps_only_positive_advantages():
+    trajs = make_trajectories(4, rewards=[1.0, 0.0, 0.0, 1.0])
+    full, _ = prepare_batch(trajs, None, OptimConfig(), pad_token_id=0)
+    clipped, _ = prepare_batch(trajs, None, OptimConfig(advantage_clip_negative=True), pad_token_id=0)
+    order = [full.source_index.index(k) for k in range(4)]  # row of trajectory k
+    assert [float(full.advantages[i]) for i in order] == [0.5, -0.5, -0.5, 0.5]
+    assert [float(clipped.advantages[i]) for i in order] == [0.5, 0.0, 0.0, 0.5]
+    grpo = OptimConfig(objective="grpo", grpo_group_size=2, advantage_clip_negative=True)
+    g, _ = prepare_batch(make_trajectories(4, rewards=[1.0, 0.0, 0.0, 0.0]), None, grpo, pad_token_id=0)
+    # group (1, 0): (r - 0.5) / std 0.7071 = +-0.7071, clipped to (0.7071, 0); group (0, 0): zeros
+    assert torch.allclose(g.advantages, torch.tensor([2 ** -0.5, 0.0, 0.0, 0.0]), atol=1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_a_quick_study_writes_real_figures_and_resumes_without_rerunning(tmp_path):
+    root = tmp_path / "study"
+    log: list[str] = []
+    fewer = ["eval.problems=2"]  # --quick's 4 held-out problems, halved to keep this test near 3 minutes
+    result = run_study("signed_feedback", root, quick=True, overrides=fewer, log=log.append)
+    assert [r["setting"] for r in result["rows"]] == ["full_baseline", "positive_only"]
+    on_disk = json.loads((root / "study.json").read_text())
+    assert on_disk["rows"] == result["rows"] and not on_disk["interrupted"]
+    for row in result["rows"]:
+        run = root / row["setting"]
+        summary = json.loads((run / "summary.json").read_text())
+        metrics = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+        after = json.loads((run / "eval_after.json").read_text())
+        assert row["updates"] == summary["updates"] == 2
+        assert row["rollouts"] == 2 * 4  # 2 updates of B = 4
+        assert row["tool_calls"] == round(sum(m["tools/calls"] for m in metrics) / len(metrics), 4)
+        assert row["success_after"] == after["success_rate"] and after["tasks"] == 2
+        lo, hi = row["success_after_ci95"]
+        assert (lo, hi) == tuple(round(x, 4) for x in wilson_interval(sum(after["outcomes"]), 2))
+        assert 0 <= lo <= row["success_after"] <= hi <= 1 and hi - lo > 0.5  # 2 tasks: a wide interval
+        assert row["wall_clock_s"] == round(summary["wall_clock_s"], 1) > 0
+        assert (run / "study_setting.json").is_file()
+    import yaml
+
+    assert yaml.safe_load((root / "positive_only" / "config.yaml").read_text())["optim"]["advantage_clip_negative"]
+    md = (root / "study.md").read_text()
+    assert "model SmolLM2-135M-Instruct (embedded)" in md and "B = 4, 2 updates per setting, 2 held-out" in md
+    assert f"| full_baseline | {result['rows'][0]['tool_calls']} |" in md
+    for name in ("reward.png", "tool_calls.png", "figure_tool_calls.png"):
+        assert (root / "plots" / name).stat().st_size > 5000
+        assert f"plots/{name}" in result["plots"] and f"](plots/{name})" in md
+    assert (root / "plots" / "tool_calls.png").read_bytes() != (root / "plots" / "reward.png").read_bytes()
+    assert any("1/2 full_baseline: training to 2 updates" in m for m in log)
+
+    # a second invocation: the finished settings are kept, the half-finished one resumes with train's --resume
+    (root / "positive_only" / "study_setting.json").unlink()
+    kept = (root / "full_baseline" / "metrics.jsonl").stat().st_mtime_ns
+    log.clear()
+    again = run_study("signed_feedback", root, quick=True, resume=True, overrides=fewer, log=log.append)
+    assert any("1/2 full_baseline: finished before, kept" in m for m in log)
+    assert any("2/2 positive_only: resuming" in m for m in log)
+    assert (root / "full_baseline" / "metrics.jsonl").stat().st_mtime_ns == kept
+    assert again["rows"][0] == result["rows"][0]
+    assert again["rows"][1]["updates"] == 2 and again["rows"][1]["rollouts"] == 8  # nothing trained twice
+    assert not math.isnan(again["rows"][1]["reward_last5"])

@@ -1,0 +1,122 @@
+"""The studies of ``agentenv study``: each claim of the two papers as settings of one recipe.
+
+A :class:`Study` is data: its settings are config overrides over one base task (:data:`BASE_RECIPE`
+with :data:`BASE_OVERRIDES`), its budget is the same number of updates (and so, with the same
+``run.batch_size``, the same rollouts) or the same wall-clock seconds, and ``figures`` names the
+table columns (:data:`FIGURES`) that carry the claim. A study that needs a mechanism agentenv does not
+have yet carries ``not_runnable`` (the reason); ``agentenv study`` lists it and refuses to run it.
+The claims: docs/studies.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["BASE_OVERRIDES", "BASE_RECIPE", "FIGURES", "QUICK_OVERRIDES", "STUDIES", "Setting", "Study"]
+
+#: The task every study trains on: the CPU default on integer-expression problems.
+BASE_RECIPE = "python_tool_cpu"
+BASE_OVERRIDES = ("env.kwargs.dataset=tool_expr_train", "env.eval_kwargs.dataset=tool_expr_eval")
+#: ``--quick``: a couple of updates of B = 4 with short replies and 4 held-out problems (minutes on 2 cores).
+QUICK_OVERRIDES = ("warmup.steps=1", "run.batch_size=4", "run.concurrency=4", "run.max_pool_size=8",
+                   "rollout.max_new_tokens_per_turn=24", "rollout.max_total_tokens=96",
+                   "env.kwargs.sandbox_backend=process", "eval.problems=4", "eval.concurrency=4",
+                   "optim.step_on_zero_gradient=true")
+QUICK_UPDATES = 2
+QUICK_SECONDS = 90.0
+
+#: Table column -> what it is (study.md's legend). Rates get a 95% interval.
+FIGURES: dict[str, str] = {
+    "success_after": "held-out success after training (fraction of tasks; 95% Wilson interval)",
+    "success_before": "held-out success before training (the same tasks)",
+    "tool_calls": "tool calls per trajectory, mean of the last 5 updates' batches",
+    "tool_calls_after": "tool calls per held-out episode after training",
+    "reward_last5": "training reward, mean of the last 5 updates",
+    "reward_std": "standard deviation of the training reward over updates (stability)",
+    "response_tokens": "policy tokens per trajectory, mean over updates",
+    "admitted": "gate admission rate (mean over updates of learner/admitted_fraction)",
+    "mean_d": "mean Bernoulli-KL proxy D of the batch (nats; learner/mean_d)",
+    "gs_mean": "mean generation staleness GS of consumed trajectories (versions)",
+    "ws_mean": "mean waiting staleness WS of consumed trajectories (versions)",
+    "rejection_rate": "rejected / (rejected + consumed) trajectories",
+}
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One arm of a study: a name and the config overrides (``section.field=value``) that make it."""
+
+    name: str
+    overrides: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Study:
+    """One claim, its settings and its budget.
+
+    Attributes:
+        name: The study's command-line name.
+        claim: The paper's claim, in one line (study.md quotes it).
+        settings: The arms; ``--quick`` runs the first two.
+        figures: Table columns (keys of :data:`FIGURES`); the first is the study's own plot.
+        updates: Equal-updates budget per setting (ignored when ``seconds`` is set).
+        seconds: Equal wall-clock budget per setting (training loop seconds), or None.
+        not_runnable: Why the study cannot run yet, or None.
+        extra: Overrides for every setting of this study (over the base task).
+    """
+
+    name: str
+    claim: str
+    settings: tuple[Setting, ...]
+    figures: tuple[str, ...]
+    updates: int = 12
+    seconds: float | None = None
+    not_runnable: str | None = None
+    extra: tuple[str, ...] = ()
+
+
+def _s(name: str, *overrides: str) -> Setting:
+    return Setting(name, tuple(overrides))
+
+
+STUDIES: dict[str, Study] = {s.name: s for s in (
+    Study("one_vs_group",
+          "FlashREINFORCE (one rollout per prompt) keeps calling the tool where GRPO (groups) stops; "
+          "better held-out success with the same rollouts",
+          (_s("flash_reinforce_n1", "optim.objective=flash_reinforce"),
+           _s("grpo_n4", "optim.objective=grpo", "optim.grpo_group_size=4")),
+          ("tool_calls", "success_after", "tool_calls_after", "reward_last5")),
+    Study("signed_feedback",
+          "With negative feedback removed (A = max(A, 0)) tool calls vanish; the full batch-mean baseline keeps them",
+          (_s("full_baseline", "optim.advantage_clip_negative=false"),
+           _s("positive_only", "optim.advantage_clip_negative=true")),
+          ("tool_calls", "success_after", "tool_calls_after", "reward_last5")),
+    Study("sample_vs_token_mean",
+          "Sample-mean (1/T_i per trajectory) against token-mean: response length, truncation, tool calls, success",
+          (_s("sample_mean"), _s("token_mean")),
+          ("response_tokens", "tool_calls", "success_after"),
+          not_runnable="FlashREINFORCE has no token-mean aggregation option yet (GRPO's token-mean also "
+                       "changes the baseline and adds the PPO clip, so it is not this ablation)"),
+    Study("gate_under_lag",
+          "Under a forced policy lag >= 4 the sequence-level gate keeps the train-inference mismatch low "
+          "and the reward stable, against a token-local mask and no gate",
+          (_s("sequence_gate"), _s("token_mask"), _s("no_gate")),
+          ("mean_d", "reward_std", "admitted", "success_after"),
+          not_runnable="no forced-lag mechanism (a pool holding trajectories back a fixed number of "
+                       "updates) and no token-local or disabled gate option exist yet"),
+    Study("staleness_wall_clock",
+          "At equal wall-clock PACE beats unfiltered async and matches sync in less time",
+          (_s("sync", "run.mode=sync", "staleness.policy=sync"),
+           _s("async_none", "run.mode=async", "staleness.policy=none"),
+           _s("async_max_lag", "run.mode=async", "staleness.policy=max_lag"),
+           _s("pace_token_share", "run.mode=async", "staleness.policy=pace", "staleness.drift_mode=token_share"),
+           _s("pace_scoring", "run.mode=async", "staleness.policy=pace", "staleness.drift_mode=scoring")),
+          ("reward_last5", "gs_mean", "ws_mean", "rejection_rate"),
+          # a stopped run skips its held-out evaluation: the figures are the training ones
+          seconds=1800.0, extra=("eval.problems=0",)),
+    Study("entropy_filter",
+          "Keeping only the ceil(0.9 T) highest-entropy tokens of failed trajectories against no filter",
+          (_s("no_filter", "optim.entropy_keep_fraction=null"),
+           _s("keep_0.9", "optim.entropy_keep_fraction=0.9")),
+          ("success_after", "tool_calls", "reward_last5")),
+)}

@@ -1,0 +1,372 @@
+"""``agentenv study NAME``: the settings of one study (:mod:`agentenv.trainer.studies`), a table, plots.
+
+Each setting trains the same base task with the same budget (updates, so rollouts; or wall-clock
+seconds) in its own run folder under ``--run-dir``; then ``study.md``, ``study.json`` and
+``plots/*.png`` are written from the runs' own logs (``summary.json``, ``metrics.jsonl``,
+``staleness.jsonl``, ``eval_*.json``). A setting that finished gets ``study_setting.json`` and is
+never run again; a setting stopped half-way (Ctrl-C, a killed process) continues with train's
+resume. The table rows extend :func:`agentenv.trainer.compare.summarize`'s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import signal
+import statistics
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from agentenv.configio import apply_overrides, load_config, read_yaml
+from agentenv.errors import AgentEnvError, ConfigError, DataError, RunFolderError
+from agentenv.trainer.compare import markdown_table, summarize
+from agentenv.trainer.config import TrainConfig
+from agentenv.trainer.significance import Z95
+from agentenv.trainer.studies import (
+    BASE_OVERRIDES,
+    BASE_RECIPE,
+    FIGURES,
+    QUICK_OVERRIDES,
+    QUICK_SECONDS,
+    QUICK_UPDATES,
+    STUDIES,
+    Setting,
+    Study,
+)
+
+__all__ = ["get_study", "main", "run_study", "setting_configs", "study_row", "wilson_interval"]
+
+MARKER = "study_setting.json"
+#: Updates a wall-clock setting may take at most (its budget is seconds).
+WALL_CLOCK_UPDATES = 100_000
+
+
+def wilson_interval(successes: float, n: int) -> tuple[float, float]:
+    """95% Wilson score interval of a success rate ``successes / n`` (Wilson 1927; good at p near 0 or 1).
+
+    Raises:
+        DataError: ``n < 1`` or ``successes`` outside ``[0, n]``.
+    """
+    if n < 1 or not 0 <= successes <= n:
+        raise DataError(f"a rate needs n >= 1 and 0 <= successes <= n, got {successes} of {n}")
+    p, z2 = successes / n, Z95 * Z95
+    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
+    half = Z95 * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def get_study(name: str) -> Study:
+    """The study called ``name``.
+
+    Raises:
+        ConfigError: No such study (the message lists the known ones), or it cannot run yet (why).
+    """
+    if name not in STUDIES:
+        raise ConfigError(f"unknown study {name!r}; known studies: {', '.join(STUDIES)}")
+    study = STUDIES[name]
+    if study.not_runnable:
+        raise ConfigError(f"study {name!r} cannot run yet: {study.not_runnable}")
+    return study
+
+
+def budget(study: Study, quick: bool) -> tuple[int, float | None]:
+    """``(updates, seconds)`` per setting: equal updates, or equal wall-clock seconds (updates unbounded)."""
+    if study.seconds is not None:
+        return WALL_CLOCK_UPDATES, QUICK_SECONDS if quick else study.seconds
+    return (QUICK_UPDATES if quick else study.updates), None
+
+
+def setting_configs(study: Study, root: Path, *, quick: bool, overrides: Sequence[str] = ()
+                    ) -> list[tuple[Setting, TrainConfig]]:
+    """Every setting's config (``--quick``: the first two), all checked before anything runs.
+
+    Raises:
+        ConfigError: A setting's config is invalid, or it cannot apply (a GRPO group larger than
+            ``run.concurrency``: a group's rollouts play together); the message names the setting.
+    """
+    updates, seconds = budget(study, quick)
+    base = apply_overrides(read_yaml(_recipe()), [*BASE_OVERRIDES, *(QUICK_OVERRIDES if quick else ()),
+                                                  *study.extra])
+    out = []
+    for setting in study.settings[:2] if quick else study.settings:
+        more = [f"run.updates={updates}", f"run.run_dir={root / setting.name}"]
+        if seconds is not None:
+            more.append(f"run.max_batches={4 * WALL_CLOCK_UPDATES}")
+        try:
+            cfg = load_config(TrainConfig, apply_overrides(base, [*setting.overrides, *overrides, *more]))
+        except ConfigError as exc:
+            raise ConfigError(f"study {study.name}, setting {setting.name}: {exc}") from exc
+        if cfg.optim.objective == "grpo" and cfg.optim.grpo_group_size > cfg.run.concurrency:
+            raise ConfigError(f"study {study.name}, setting {setting.name} cannot apply: a GRPO group of "
+                              f"{cfg.optim.grpo_group_size} rollouts is played at once, run.concurrency is "
+                              f"{cfg.run.concurrency}")
+        out.append((setting, cfg))
+    return out
+
+
+def _recipe() -> Path:
+    from agentenv.trainer.recipe import resolve_recipe
+
+    return resolve_recipe(BASE_RECIPE)
+
+
+def check_folder(root: Path, study: Study, *, quick: bool, resume: bool) -> None:
+    """Refuse a folder of another study (or mode), a study started before without ``--resume``, a non-study folder.
+
+    Raises:
+        RunFolderError: as above.
+    """
+    meta = root / "study.json"
+    if meta.is_file():
+        held = json.loads(meta.read_text())
+        if held.get("study") != study.name:
+            raise RunFolderError(f"{root} holds study {held.get('study')!r}, not {study.name!r}; "
+                                 "choose another --run-dir")
+        if bool(held.get("quick")) != quick:
+            raise RunFolderError(f"{root} holds a {'--quick' if held.get('quick') else 'full'} run of "
+                                 f"{study.name}; choose another --run-dir")
+        if not resume:
+            raise RunFolderError(f"{root} holds study {study.name} already; pass --resume to continue it "
+                                 "(finished settings are kept)")
+    elif root.exists() and any(root.iterdir()):
+        raise RunFolderError(f"{root} holds files but no study.json: not a study folder")
+    elif resume:
+        raise RunFolderError(f"--resume: {root} holds no study; start it without --resume")
+
+
+def run_study(name: str, root: Path, *, quick: bool = False, resume: bool = False, overrides: Sequence[str] = (),
+              log: Callable[[str], None] = lambda m: print(m, file=sys.stderr)) -> dict[str, Any]:
+    """Run (or continue) study ``name`` in ``root``; write study.md, study.json and plots; return study.json's content.
+
+    ``interrupted`` in the result is True when Ctrl-C stopped a setting (the table then has the
+    settings that finished).
+
+    Raises:
+        ConfigError: unknown or not-runnable study, a setting that cannot apply (before anything runs).
+        RunFolderError: see :func:`check_folder`.
+    """
+    from agentenv.trainer.recipe import prepare_run_dir
+
+    study = get_study(name)
+    configs = setting_configs(study, root, quick=quick, overrides=overrides)
+    check_folder(root, study, quick=quick, resume=resume)
+    root.mkdir(parents=True, exist_ok=True)
+    _, seconds = budget(study, quick)
+    result: dict[str, Any] = {"study": study.name, "quick": quick, "claim": study.claim,
+                              "settings": [s.name for s, _ in configs], "overrides": list(overrides),
+                              "scale": scale(configs[0][1], study, quick), "rows": [], "interrupted": False}
+    _write_json(root / "study.json", result)
+    for i, (setting, cfg) in enumerate(configs, 1):
+        run_dir = root / setting.name
+        head = f"[study {study.name}] {i}/{len(configs)} {setting.name}"
+        if (run_dir / MARKER).is_file():
+            log(f"{head}: finished before, kept")
+        else:
+            partial = (run_dir / "config.yaml").is_file()
+            left = seconds
+            if seconds is not None and partial and (run_dir / "summary.json").is_file():
+                left = max(0.0, seconds - json.loads((run_dir / "summary.json").read_text())["wall_clock_s"])
+            if not partial:
+                prepare_run_dir(cfg, resume=False, overwrite=False)
+            log(f"{head}: {'resuming' if partial else 'training'} "
+                + (f"for {left:.0f} s" if left is not None else f"to {cfg.run.updates} updates"))
+            if asyncio.run(_train_setting(cfg, run_dir, resume=partial, seconds=left)):
+                log(f"{head}: stopped; run the same command with --resume to continue")
+                result["interrupted"] = True
+                break
+            _write_json(run_dir / MARKER, {"study": study.name, "setting": setting.name, "finished": True})
+        row = study_row(study, setting.name, run_dir)
+        log(f"{head}: " + ", ".join(f"{k}={_cell(row, k)}" for k in (*study.figures, "updates", "rollouts")))
+        result["rows"].append(row)
+    if result["rows"]:
+        plots = plot_study(study, root, [r["setting"] for r in result["rows"]], result["rows"])
+        result["plots"] = [str(p.relative_to(root)) for p in plots]
+        (root / "study.md").write_text(study_markdown(study, result))
+    _write_json(root / "study.json", result)
+    return result
+
+
+async def _train_setting(cfg: TrainConfig, run_dir: Path, *, resume: bool, seconds: float | None) -> bool:
+    """Train one setting; stop it after ``seconds`` (the wall-clock budget) if given. True when Ctrl-C stopped it."""
+    from agentenv.trainer.recipe import train
+
+    stop, user = asyncio.Event(), asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, lambda: (user.set(), stop.set()))
+    timer = loop.call_later(seconds, stop.set) if seconds is not None else None
+    try:
+        await train(cfg, run_dir, resume=resume, stop=stop)
+    finally:
+        if timer is not None:
+            timer.cancel()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+    return user.is_set()
+
+
+# ---------------------------------------------------------------------------------------------
+# the table
+# ---------------------------------------------------------------------------------------------
+def _mean(xs: Sequence[float]) -> float | None:
+    xs = [x for x in xs if x is not None and x == x]
+    return round(statistics.fmean(xs), 4) if xs else None
+
+
+def study_row(study: Study, setting: str, run_dir: Path) -> dict[str, Any]:
+    """One table row from a setting's run folder: the study's figures, wall-clock, updates, rollouts.
+
+    Rates (``success_*``) come with ``<name>_ci95``, the Wilson interval over the held-out tasks.
+    """
+    from agentenv.trainer.plots import read_jsonl
+
+    base = summarize(setting, run_dir)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    metrics = read_jsonl(run_dir / "metrics.jsonl")
+    evals = {k: json.loads(p.read_text()) for k in ("before", "after") if (p := run_dir / f"eval_{k}.json").is_file()}
+    rewards = [m["reward/mean"] for m in metrics]
+    values: dict[str, Any] = {
+        "tool_calls": _mean([m.get("tools/calls") for m in metrics[-5:]]),
+        "tool_calls_after": evals["after"]["tool_calls_mean"] if "after" in evals else None,
+        "reward_last5": base["reward_last5"],
+        "reward_std": round(statistics.pstdev(rewards), 4) if len(rewards) > 1 else None,
+        "response_tokens": _mean([m.get("length/policy_tokens") for m in metrics]),
+        "admitted": _mean([m.get("learner/admitted_fraction") for m in metrics]),
+        "mean_d": _mean([m.get("learner/mean_d") for m in metrics]),
+        "gs_mean": base["gs_mean"], "ws_mean": base["ws_mean"], "rejection_rate": base["rejection_rate"],
+    }
+    row: dict[str, Any] = {"setting": setting}
+    for key in study.figures:
+        if key.startswith("success_"):
+            report = evals.get(key.removeprefix("success_"))
+            row[key] = report["success_rate"] if report else None
+            row[f"{key}_ci95"] = (list(map(lambda x: round(x, 4), wilson_interval(sum(report["outcomes"]),
+                                                                                 len(report["outcomes"]))))
+                                  if report else None)
+        else:
+            row[key] = values[key]
+    row.update(wall_clock_s=round(summary["wall_clock_s"], 1), train_s=base["train_s"], updates=summary["updates"],
+               rollouts=len(read_jsonl(run_dir / "staleness.jsonl")))
+    return row
+
+
+def _cell(row: dict[str, Any], key: str) -> str:
+    value = row.get(key)
+    if value is None:
+        return "n/a"
+    ci = row.get(f"{key}_ci95")
+    return f"{value:.3f} [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else str(value)
+
+
+def table(study: Study, rows: list[dict[str, Any]]) -> str:
+    """The rows as Markdown: setting, the study's figures (rates with their interval), wall-clock, updates, rollouts."""
+    cols = ["setting", *study.figures, "wall_clock_s", "train_s", "updates", "rollouts"]
+    return markdown_table([{c: _cell(r, c) for c in cols} for r in rows])
+
+
+def scale(cfg: TrainConfig, study: Study, quick: bool) -> str:
+    """One line saying at what scale the study ran (model, task, B, budget, held-out problems)."""
+    updates, seconds = budget(study, quick)
+    spent = f"{seconds:.0f} s of wall-clock per setting" if seconds is not None else f"{updates} updates per setting"
+    return (f"model {cfg.model.name or 'SmolLM2-135M-Instruct (embedded)'}, task {cfg.env.id}/"
+            f"{cfg.env.kwargs.get('dataset')}, B = {cfg.run.batch_size}, {spent}, "
+            f"{cfg.eval.problems} held-out problems ({cfg.env.eval_kwargs.get('dataset')})"
+            + (" (--quick: a check that the study runs, not a measurement)" if quick else ""))
+
+
+def study_markdown(study: Study, result: dict[str, Any]) -> str:
+    """study.md: the claim, the scale, the table, the legend, the plots."""
+    lines = [f"# Study {study.name}", "", f"Claim (the papers, at 1.5B-8B scale): {study.claim}.", "",
+             f"Scale here: {result['scale']}. The papers' models are 10-60x larger and trained for thousands "
+             "of updates; a claim that does not show here is not refuted, and one that shows is not confirmed "
+             "beyond this scale.", "", table(study, result["rows"]), "",
+             "Columns: " + "; ".join(f"`{k}`: {FIGURES[k]}" for k in study.figures)
+             + "; `wall_clock_s`: the whole run (model load, evaluations); `train_s`: the update loop; "
+               "`rollouts`: trajectories trained on.", ""]
+    if result.get("interrupted"):
+        lines += ["Stopped before every setting finished: `agentenv study ... --resume` continues.", ""]
+    lines += [f"![{p}]({p})" for p in result.get("plots", [])]
+    return "\n".join(lines) + "\n"
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    tmp.replace(path)
+
+
+# ---------------------------------------------------------------------------------------------
+# plots
+# ---------------------------------------------------------------------------------------------
+def plot_study(study: Study, root: Path, settings: list[str], rows: list[dict[str, Any]]) -> list[Path]:
+    """Write the study's plots and return their paths.
+
+    ``plots/reward.png`` and ``plots/tool_calls.png``: curves over batches, one line per setting;
+    ``plots/figure_<first figure>.png``: one bar per setting (rates with their 95% interval).
+    """
+    import matplotlib.pyplot as plt
+
+    from agentenv.trainer.plots import _save, moving_mean, read_jsonl
+
+    out = root / "plots"
+    out.mkdir(exist_ok=True)
+    written = []
+    for key, name, label in (("reward/mean", "reward", "training reward (moving mean, 3 updates)"),
+                             ("tools/calls", "tool_calls", "tool calls per trajectory")):
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        for s in settings:
+            metrics = read_jsonl(root / s / "metrics.jsonl")
+            ys = [m.get(key, float("nan")) for m in metrics]
+            ax.plot([m["train/batches"] for m in metrics], moving_mean(ys, 3) if name == "reward" else ys,
+                    marker=".", label=s)
+        ax.set(xlabel="batch consumed", ylabel=label, title=f"{study.name}: {label}")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+        written.append(_save(fig, out / f"{name}.png"))
+    key = study.figures[0]
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    vals = [r[key] if r[key] is not None else float("nan") for r in rows]
+    cis = [r.get(f"{key}_ci95") for r in rows]
+    err = None
+    if all(cis):
+        err = [[v - c[0] for v, c in zip(vals, cis, strict=True)], [c[1] - v for v, c in zip(vals, cis, strict=True)]]
+    ax.bar([r["setting"] for r in rows], vals, yerr=err, capsize=4, color="tab:blue")
+    ax.set(ylabel=key, title=f"{study.name}: {FIGURES[key]}"[:90])
+    ax.tick_params(axis="x", labelsize=7)
+    written.append(_save(fig, out / f"figure_{key}.png"))
+    return written
+
+
+def list_studies() -> str:
+    """The known studies, one line each (a study that cannot run yet says why)."""
+    return "\n".join(f"  {s.name:<22} " + (f"NOT YET RUNNABLE: {s.not_runnable}" if s.not_runnable else
+                                           f"{len(s.settings)} settings: " + ", ".join(x.name for x in s.settings))
+                     for s in STUDIES.values())
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``agentenv study``."""
+    ap = argparse.ArgumentParser(
+        prog="agentenv study", description="Run the settings of one study of the papers' claims on the same task "
+        "with equal budgets; write one run folder per setting, study.md, study.json and plots.",
+        epilog="Studies:\n" + list_studies(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("name", help="the study (see below)")
+    ap.add_argument("--quick", action="store_true", help="two settings, a couple of updates, 4 held-out problems")
+    ap.add_argument("--run-dir", help="study folder (default: runs/study/NAME, or NAME-quick)")
+    ap.add_argument("--resume", action="store_true", help="continue a stopped study; finished settings are kept")
+    ap.add_argument("overrides", nargs="*", help="section.field=value overrides for every setting")
+    args = ap.parse_intermixed_args(argv)
+    root = Path(args.run_dir or f"runs/study/{args.name}{'-quick' if args.quick else ''}")
+    try:
+        result = run_study(args.name, root, quick=args.quick, resume=args.resume, overrides=args.overrides)
+    except AgentEnvError as exc:
+        print(f"agentenv study: {exc}", file=sys.stderr)
+        return 2
+    if result["rows"]:
+        print(table(STUDIES[args.name], result["rows"]))
+        print(f"agentenv study: {root / 'study.md'}", file=sys.stderr)
+    return 130 if result["interrupted"] else 0
