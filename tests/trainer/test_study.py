@@ -133,6 +133,26 @@ def test_bad_input_is_a_clear_error_before_anything_runs(tmp_path, capsys):
     assert "known studies: one_vs_group" in capsys.readouterr().err
 
 
+def test_the_wall_clock_budget_stops_a_setting_and_is_not_a_user_stop(monkeypatch):
+    import asyncio
+    import time
+
+    from agentenv.trainer import recipe, study
+
+    seen = {}
+
+    async def fake_train(cfg, run_dir, *, resume, stop):  # trains until stopped, as the real loop does
+        t0 = time.monotonic()
+        await asyncio.wait_for(stop.wait(), timeout=5)
+        seen.update(resume=resume, waited=time.monotonic() - t0)
+
+    monkeypatch.setattr(recipe, "train", fake_train)
+    assert asyncio.run(study._train_setting(None, None, resume=True, seconds=0.2)) is False
+    assert seen["resume"] is True and 0.15 < seen["waited"] < 2
+    assert study.budget(STUDIES["staleness_wall_clock"], quick=False) == (study.WALL_CLOCK_UPDATES, 1800.0)
+    assert study.budget(STUDIES["signed_feedback"], quick=True) == (2, None)
+
+
 def test_advantage_clip_negative_keeps_only_positive_advantages():
     trajs = make_trajectories(4, rewards=[1.0, 0.0, 0.0, 1.0])
     full, _ = prepare_batch(trajs, None, OptimConfig(), pad_token_id=0)
