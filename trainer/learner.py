@@ -106,6 +106,10 @@ class OptimConfig:
             (FlashREINFORCE's batch mean or GRPO's group normalisation): failed trajectories then carry
             no gradient, only the better-than-average ones are reinforced. Off by default; the ablation
             of the FlashREINFORCE paper's signed-feedback claim (``agentenv study signed_feedback``).
+        loss_aggregation: FlashREINFORCE only: ``"sample_mean"`` (the method: each trajectory's tokens
+            averaged over its ``T_i``, then over B) or ``"token_mean"`` (every policy token of the
+            batch weighs ``1/N``; the ablation, ``agentenv study sample_vs_token_mean``). GRPO is
+            always token-mean.
     """
 
     objective: Literal["flash_reinforce", "grpo"] = "flash_reinforce"
@@ -126,8 +130,12 @@ class OptimConfig:
     truncation: Literal["keep", "mask", "penalty"] = "keep"
     truncation_penalty: float = 1.0
     advantage_clip_negative: bool = False
+    loss_aggregation: Literal["sample_mean", "token_mean"] = "sample_mean"
 
     def __post_init__(self) -> None:
+        if self.loss_aggregation not in ("sample_mean", "token_mean"):
+            raise ConfigError(f"optim.loss_aggregation must be 'sample_mean' or 'token_mean', "
+                              f"got {self.loss_aggregation!r}")
         if self.truncation not in ("keep", "mask", "penalty"):
             raise ConfigError(f"optim.truncation must be 'keep', 'mask' or 'penalty', got {self.truncation!r}")
         if not (math.isfinite(self.truncation_penalty) and self.truncation_penalty >= 0):
@@ -520,6 +528,7 @@ class Learner:
                     batch.global_batch_size, delta=cfg.delta,
                     admitted=adm.to(self.device) if adm is not None else None, gate_d=mb.gate_d,
                     entropies=ent, entropy_keep_fraction=filt, row_ids=mb.ids,
+                    total_tokens=batch.global_tokens if cfg.loss_aggregation == "token_mean" else None,
                 )
             if out.loss.requires_grad:
                 out.loss.backward()

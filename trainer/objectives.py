@@ -414,6 +414,7 @@ def flash_reinforce_loss(
     entropy_keep_fraction: float | None = None,
     failed: torch.Tensor | None = None,
     row_ids: Sequence[str] | None = None,
+    total_tokens: int | None = None,
 ) -> ObjectiveOutput:
     """FlashREINFORCE sample-mean loss with the sequence-level Bernoulli-KL trust gate (docs/algorithms.md).
 
@@ -426,6 +427,10 @@ def flash_reinforce_loss(
 
     Optional negative-token entropy filter: for ``failed`` rows keep only the ``ceil(q T_i)``
     highest-entropy tokens; the denominator stays ``T_i``.
+
+    Optional token-mean aggregation (``total_tokens = N``, the global batch's policy tokens): the
+    per-row coefficient ``A_i / (B T_i)`` becomes ``A_i / N`` (DAPO's token-level loss, arXiv
+    2503.14476 sec. 3.3), so long trajectories weigh more; the ablation of the sample mean.
 
     Args:
         logprobs: ``(b, t)`` current log pi_theta(a_t) with gradient (any float dtype).
@@ -445,6 +450,7 @@ def flash_reinforce_loss(
         entropy_keep_fraction: ``q`` in [0, 1], or None for no filter.
         failed: ``(b,)`` bool, rows the entropy filter applies to; default ``advantages < 0``.
         row_ids: Optional names of the rows (trajectory ids) used in error messages.
+        total_tokens: N for token-mean aggregation (>= this call's policy tokens); None: sample mean.
 
     Returns:
         :class:`ObjectiveOutput` (loss scalar in the working dtype).
@@ -452,7 +458,7 @@ def flash_reinforce_loss(
     Raises:
         DataError (a ValueError): an empty row, NaN/inf or a positive value (> 1e-4 nats) in a
             policy position of either log-probability, shape mismatch, ``lengths != mask.sum(1)``,
-            ``batch_size < b``, a non-finite advantage.
+            ``batch_size < b``, a non-finite advantage, ``total_tokens`` below this call's tokens.
         ConfigError (a ValueError): negative delta, fraction outside [0, 1], filter without entropies.
     """
     _check_delta(delta)
@@ -485,8 +491,13 @@ def flash_reinforce_loss(
         assert entropies is not None
         token_mask = entropy_filter_mask(entropies, mask, rows, entropy_keep_fraction)
 
-    # Per-row coefficient m_i A_i / (B T_i); zero for rejected rows.
-    coef = torch.where(admitted, adv / (t_i * batch_size), zero)
+    # Per-row coefficient m_i A_i / (B T_i) (token-mean: m_i A_i / N); zero for rejected rows.
+    if total_tokens is not None:
+        if total_tokens < int(mask.sum()):
+            raise DataError(f"total_tokens={total_tokens} is below this call's {int(mask.sum())} policy tokens")
+        coef = torch.where(admitted, adv / total_tokens, zero)
+    else:
+        coef = torch.where(admitted, adv / (t_i * batch_size), zero)
     weights = torch.where(token_mask, rho * coef.unsqueeze(1), zero)
     loss = -(weights * lq).sum()
     surrogate = -(weights.sum())

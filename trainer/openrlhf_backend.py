@@ -438,6 +438,7 @@ class OpenRLHFLearner:
                         entropies=ent,
                         entropy_keep_fraction=filt,
                         row_ids=mb.ids,
+                        total_tokens=batch.global_tokens if cfg.loss_aggregation == "token_mean" else None,
                     )
                 loss, stats = out.loss, stats + out.stats
             else:  # padding micro-step: zero gradient, keeps every rank's DeepSpeed micro-step count at gas

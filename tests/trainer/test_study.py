@@ -7,10 +7,8 @@ import json
 import math
 
 import pytest
-import torch
 
 from agentenv.errors import ConfigError, DataError, RunFolderError
-from agentenv.trainer.learner import OptimConfig, prepare_batch
 from agentenv.trainer.studies import STUDIES
 from agentenv.trainer.study import (
     get_study,
@@ -21,7 +19,6 @@ from agentenv.trainer.study import (
     table,
     wilson_interval,
 )
-from tests.trainer.conftest import make_trajectories
 
 
 def _jsonl(path, rows):
@@ -81,7 +78,8 @@ def test_a_run_without_held_out_evaluation_says_n_a(tmp_path):
 
 def test_every_runnable_study_builds_valid_configs_with_equal_budgets(tmp_path):
     runnable = [s for s in STUDIES.values() if not s.not_runnable]
-    assert [s.name for s in runnable] == ["one_vs_group", "signed_feedback", "staleness_wall_clock", "entropy_filter"]
+    assert [s.name for s in runnable] == ["one_vs_group", "signed_feedback", "sample_vs_token_mean",
+                                          "staleness_wall_clock", "entropy_filter"]
     for study in runnable:
         configs = setting_configs(study, tmp_path, quick=False)
         assert len(configs) == len(study.settings) >= 2
@@ -95,6 +93,8 @@ def test_every_runnable_study_builds_valid_configs_with_equal_budgets(tmp_path):
     signed = [c.optim.advantage_clip_negative for _, c in setting_configs(STUDIES["signed_feedback"], tmp_path,
                                                                            quick=False)]
     assert signed == [False, True]
+    means = setting_configs(STUDIES["sample_vs_token_mean"], tmp_path, quick=False)
+    assert [c.optim.loss_aggregation for _, c in means] == ["sample_mean", "token_mean"]
     wall = setting_configs(STUDIES["staleness_wall_clock"], tmp_path, quick=False)
     assert [(c.run.mode, c.staleness.policy, c.staleness.drift_mode) for _, c in wall] == [
         ("sync", "sync", "token_share"), ("async", "none", "token_share"), ("async", "max_lag", "token_share"),
@@ -151,19 +151,6 @@ def test_the_wall_clock_budget_stops_a_setting_and_is_not_a_user_stop(monkeypatc
     assert seen["resume"] is True and 0.15 < seen["waited"] < 2
     assert study.budget(STUDIES["staleness_wall_clock"], quick=False) == (study.WALL_CLOCK_UPDATES, 1800.0)
     assert study.budget(STUDIES["signed_feedback"], quick=True) == (2, None)
-
-
-def test_advantage_clip_negative_keeps_only_positive_advantages():
-    trajs = make_trajectories(4, rewards=[1.0, 0.0, 0.0, 1.0])
-    full, _ = prepare_batch(trajs, None, OptimConfig(), pad_token_id=0)
-    clipped, _ = prepare_batch(trajs, None, OptimConfig(advantage_clip_negative=True), pad_token_id=0)
-    order = [full.source_index.index(k) for k in range(4)]  # row of trajectory k
-    assert [float(full.advantages[i]) for i in order] == [0.5, -0.5, -0.5, 0.5]
-    assert [float(clipped.advantages[i]) for i in order] == [0.5, 0.0, 0.0, 0.5]
-    grpo = OptimConfig(objective="grpo", grpo_group_size=2, advantage_clip_negative=True)
-    g, _ = prepare_batch(make_trajectories(4, rewards=[1.0, 0.0, 0.0, 0.0]), None, grpo, pad_token_id=0)
-    # group (1, 0): (r - 0.5) / std 0.7071 = +-0.7071, clipped to (0.7071, 0); group (0, 0): zeros
-    assert torch.allclose(g.advantages, torch.tensor([2 ** -0.5, 0.0, 0.0, 0.0]), atol=1e-4)
 
 
 @pytest.mark.slow
