@@ -92,11 +92,11 @@ STUDIES: dict[str, Study] = {s.name: s for s in (
            _s("positive_only", "optim.advantage_clip_negative=true")),
           ("tool_calls", "success_after", "tool_calls_after", "reward_last5")),
     Study("sample_vs_token_mean",
-          "Sample-mean (1/T_i per trajectory) against token-mean: response length, truncation, tool calls, success",
-          (_s("sample_mean"), _s("token_mean")),
-          ("response_tokens", "tool_calls", "success_after"),
-          not_runnable="FlashREINFORCE has no token-mean aggregation option yet (GRPO's token-mean also "
-                       "changes the baseline and adds the PPO clip, so it is not this ablation)"),
+          "Sample-mean (each trajectory's tokens over its T_i, then over B) against token-mean (1/N per token): "
+          "response length, tool calls, success (truncation is not logged per batch yet)",
+          (_s("sample_mean", "optim.loss_aggregation=sample_mean"),
+           _s("token_mean", "optim.loss_aggregation=token_mean")),
+          ("response_tokens", "tool_calls", "success_after", "tool_calls_after")),
     Study("gate_under_lag",
           "Under a forced policy lag >= 4 the sequence-level gate keeps the train-inference mismatch low "
           "and the reward stable, against a token-local mask and no gate",
