@@ -334,8 +334,10 @@ def plot_study(study: Study, root: Path, settings: list[str], rows: list[dict[st
     err = None
     if all(cis):
         err = [[v - c[0] for v, c in zip(vals, cis, strict=True)], [c[1] - v for v, c in zip(vals, cis, strict=True)]]
-    ax.bar([r["setting"] for r in rows], vals, yerr=err, capsize=4, color="tab:blue")
-    ax.set(ylabel=key, title=f"{study.name}: {FIGURES[key]}"[:90])
+    bars = ax.bar([r["setting"] for r in rows], vals, yerr=err, capsize=4, color="tab:blue")
+    ax.bar_label(bars, fmt="%.3f", fontsize=7)
+    ax.set(ylabel=key)
+    ax.set_title(f"{study.name}: {FIGURES[key]}", fontsize=8, wrap=True)
     ax.tick_params(axis="x", labelsize=7)
     written.append(_save(fig, out / f"figure_{key}.png"))
     return written
