@@ -11,8 +11,7 @@ reads several ``\\boxed{}`` in one text as a set. So:
   scientific notation, repeating decimals), inequalities may match intervals, and an exact sympy
   comparison overrides math-verify's float tolerance wherever both sides are exact numbers.
   The rules, and the misses still known, are in ``docs/grading.md``;
-* grading runs in a worker subprocess (``python -m agentenv.envs.python_tool.grading --worker``, math-verify's own
-  timeouts off); the caller waits at
+* grading runs in a worker subprocess (:data:`_WORKER_COMMAND`, math-verify's own timeouts off); the caller waits at
   most ``timeout_s`` seconds, then kills the worker and a fresh one replaces it. This is safe from
   any thread and, through :func:`grade_answer_async`, from async code.
 
@@ -595,7 +594,7 @@ def _fn_path(fn: VerifyFn | str) -> str:
 
 
 def _worker_main(fn_path: str) -> None:
-    """Worker loop (``python -m agentenv.envs.python_tool.grading --worker module:fn``): JSON lines in, JSON lines out.
+    """Worker loop (``python -c _WORKER_COMMAND module:fn``): JSON lines in, JSON lines out.
 
     The protocol goes over a private copy of the original stdout; fd 1 is pointed at stderr so a
     grader that prints cannot corrupt it.
@@ -617,13 +616,18 @@ def _worker_main(fn_path: str) -> None:
         out.write(json.dumps(reply) + "\n")
 
 
+#: The worker's program: imported, not run as ``-m`` (this module is imported by its package's
+#: ``__init__`` first, so ``runpy`` would warn on every worker start).
+_WORKER_COMMAND = "import sys; from agentenv.envs.python_tool.grading import _worker_main; _worker_main(sys.argv[1])"
+
+
 class _Worker:
     """One grading subprocess and its pipes."""
 
     def __init__(self, fn_path: str, start_timeout_s: float) -> None:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "agentenv.envs.python_tool.grading", "--worker", fn_path],
+            [sys.executable, "-c", _WORKER_COMMAND, fn_path],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,
@@ -871,6 +875,3 @@ async def grade_answer_async(
     """
     return await default_grader().grade_async(response_text, ground_truth, timeout_s=timeout_s)
 
-
-if __name__ == "__main__" and len(sys.argv) == 3 and sys.argv[1] == "--worker":
-    _worker_main(sys.argv[2])
