@@ -71,27 +71,27 @@ async def test_success_rate_counts_exactly_the_correct_answers():
 
 async def test_the_default_recipe_holds_out_200_procedural_tasks_disjoint_from_training():
     cfg, _ = parse_args([])
-    assert cfg.env.kwargs == {"dataset": "tool_arith_train", "max_turns": 2, "sandbox_backend": "auto"}
-    assert (cfg.env.eval_kwargs, cfg.eval.problems) == ({"dataset": "tool_arith_eval"}, 200)
+    assert cfg.env.kwargs == {"dataset": "tool_expr_train", "max_turns": 2, "sandbox_backend": "auto"}
+    assert (cfg.env.eval_kwargs, cfg.eval.problems) == ({"dataset": "tool_expr_eval"}, 200)
     _, tasks = await held_out_tasks(cfg)
-    held = {p.id: p.problem for p in load_math("tool_arith_eval")}
+    held = {p.id: p.problem for p in load_math("tool_expr_eval")}
     assert len(tasks) == 200 and len({held[i] for i in tasks.ids}) == 200
-    train_texts = {p.problem for p in load_math("tool_arith_train")}
+    train_texts = {p.problem for p in load_math("tool_expr_train")}
     assert not train_texts & {held[i] for i in tasks.ids}
-    assert set(tasks.kinds) == {"lcm", "basic_arithmetic"}
+    assert set(tasks.kinds) == {"basic_arithmetic"}
     assert tasks.kinds == tuple(i.split("/")[1] for i in tasks.ids)
 
 
-async def test_the_shipped_cpu_recipe_holds_out_the_first_200_tool_arith_eval_problems_in_order():
-    """Unchanged by the env-agnostic config: the same 200 problems, in the same order, as before."""
+async def test_the_shipped_cpu_recipe_holds_out_the_first_200_tool_expr_eval_problems_in_order():
+    """The README's figures were measured on these 200 problems, in this order."""
     cfg, _ = parse_args(["--recipe", "python_tool_cpu"])
     factory, tasks = await held_out_tasks(cfg)
-    assert tasks.ids == tuple(p.id for p in load_math("tool_arith_eval")[:200])
+    assert tasks.ids == tuple(p.id for p in load_math("tool_expr_eval")[:200])
     env = factory()
     assert (env.max_turns, env.sandbox_backend) == (2, "auto")
     # and the training env plays the whole training set
     train = setup.env_factory(cfg)()
-    assert train.problems == load_math("tool_arith_train") and train.max_turns == 2
+    assert train.problems == load_math("tool_expr_train") and train.max_turns == 2
 
 
 def test_eval_config_and_training_temperature_are_checked():

@@ -70,7 +70,7 @@ def test_resume_refuses_a_checkpoint_written_for_another_environment(tmp_path, t
                                              r"\(this run: 'tests/Other-v0'\)"):
         _run(tmp_path, "--updates", "4", "env.id=tests/Other-v0", resume=True)
     assert (tmp_path / "run" / "config.yaml").read_text() == config  # a refused resume changes no file
-    with pytest.raises(RunFolderError, match=r"written by another run: env_kwargs \{'dataset': 'tool_arith_train', "
+    with pytest.raises(RunFolderError, match=r"written by another run: env_kwargs \{'dataset': 'tool_expr_train', "
                                              r"[^(]*\} \(this run: \{[^)]*'high': 3\}\)"):
         _run(tmp_path, "--updates", "4", "env.kwargs.high=3", resume=True)
 
