@@ -26,6 +26,32 @@ class FakeClock:
         return self.now
 
 
+def record_learner_batches(monkeypatch) -> list[list]:
+    """Make ``setup.build_learner`` return learners whose ``update`` first records its batch.
+
+    Returns:
+        The list the batches (each a list of trajectories, in update order) are appended to.
+    """
+    from agentenv.trainer import setup
+
+    batches: list[list] = []
+    build_learner = setup.build_learner
+
+    def recording(cfg, model):
+        learner = build_learner(cfg, model)
+        update = learner.update
+
+        def recorded(trajectories, *, scores=None):
+            batches.append(list(trajectories))
+            return update(trajectories, scores=scores)
+
+        learner.update = recorded
+        return learner
+
+    monkeypatch.setattr(setup, "build_learner", recording)
+    return batches
+
+
 class CharRenderer:
     stop_token_ids = (EOT,)
 

@@ -36,11 +36,11 @@ import torch
 from agentenv.engines.base import GenerationOutput, SamplingParams, TokenSpan
 from agentenv.envs.python_tool import PythonToolEnv
 from agentenv.envs.python_tool.datasets import MathProblem
-from agentenv.envs.python_tool.grading import Grader
+from agentenv.envs.python_tool.grading import _WORKER_COMMAND, Grader
 from agentenv.faults import FAULTS, reset_fault_points
 from agentenv.trainer import recipe, setup
 from agentenv.trainer.checkpoint import latest_checkpoint
-from tests.fakes import EOT, CharRenderer, CountdownEnv
+from tests.fakes import EOT, CharRenderer, CountdownEnv, record_learner_batches
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240),
               pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")]
@@ -94,22 +94,8 @@ class ToolScriptEngine:
 @pytest.fixture
 def loop(monkeypatch, tmp_path):
     """Run ``recipe.train`` with an env factory and an engine builder; returns (summary, rows, batches)."""
-    batches: list[list] = []
-    build_learner = setup.build_learner
-
-    def recording(cfg, model):
-        learner = build_learner(cfg, model)
-        update = learner.update
-
-        def recorded(trajectories, *, scores=None):
-            batches.append(list(trajectories))
-            return update(trajectories, scores=scores)
-
-        learner.update = recorded
-        return learner
-
+    batches = record_learner_batches(monkeypatch)
     monkeypatch.setattr(setup, "load_policy", lambda cfg, **_: (tiny_lm(), None, CharRenderer()))
-    monkeypatch.setattr(setup, "build_learner", recording)
     reset_fault_points()
 
     def run(env_factory, *extra, engine=None, during=None):
@@ -217,9 +203,11 @@ def test_sandbox_workers_killed_mid_run_are_replaced(loop):
     with Grader(workers=1) as grader:
         summary, rows, batches = loop(python_tool_env(grader), engine=ToolScriptEngine, during=kill_sandboxes)
     assert summary["updates"] == UPDATES and killed
-    # (a replacement is counted once it said hello: maybe after the last row; FAULTS counts this run's)
-    assert FAULTS.total("sandbox_replaced") >= 1 and rows[-1]["faults/sandbox_replaced_total"] <= FAULTS.total(
-        "sandbox_replaced")
+    # A replacement is counted once it said hello, maybe after the last row, and only if an episode
+    # needed a sandbox after the kill: in async mode the last batches may all have been played before
+    # it (1 run in 5 here), so the count is checked for consistency only; tests/sandboxes checks the
+    # replacement itself.
+    assert rows[-1]["faults/sandbox_replaced_total"] <= FAULTS.total("sandbox_replaced")
     assert all_rewards_one(batches), bad_rows(batches)  # a killed worker never became a reward 0 in a batch
     assert all(t.info["tool_calls"] == 2 for b in batches for t in b)
 
@@ -238,7 +226,7 @@ def test_an_environment_that_crashes_is_replaced_and_its_task_replayed(loop, mon
 def test_a_hung_grader_is_killed_and_the_answer_never_scored_zero(loop):
     def hang_grader(run_dir, stop):
         if after_update(run_dir, stop):
-            stopped.extend(children("agentenv.envs.python_tool.grading --worker"))
+            stopped.extend(children(_WORKER_COMMAND))
             for pid in stopped:
                 os.kill(pid, signal.SIGSTOP)
 

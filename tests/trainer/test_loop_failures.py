@@ -17,7 +17,7 @@ import torch
 
 from agentenv.errors import AgentEnvError
 from agentenv.trainer import recipe, setup
-from tests.fakes import CharRenderer, CountdownEnv, ScriptedEngine
+from tests.fakes import CharRenderer, CountdownEnv, ScriptedEngine, record_learner_batches
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -70,24 +70,10 @@ class FlakyEnv(CountdownEnv):
 @pytest.fixture
 def scripted(monkeypatch):
     """Patch the recipe's model side; returns the list of batches the learner trained on."""
-    batches: list[list] = []
-    build_learner = setup.build_learner
-
-    def recording(cfg, model):
-        learner = build_learner(cfg, model)
-        update = learner.update
-
-        def recorded(trajectories, *, scores=None):
-            batches.append(list(trajectories))
-            return update(trajectories, scores=scores)
-
-        learner.update = recorded
-        return learner
-
+    batches = record_learner_batches(monkeypatch)
     monkeypatch.setattr(setup, "load_policy", lambda cfg, **_: (tiny_lm(), None, CharRenderer()))
     monkeypatch.setattr(setup, "build_engine",
                         lambda cfg, model, tok: ScriptedEngine(["done", "no", "no"], max_context_tokens=64))
-    monkeypatch.setattr(setup, "build_learner", recording)
     FlakyEnv.plays, FlakyEnv.failures = {}, 0
     return batches
 
