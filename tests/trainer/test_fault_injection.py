@@ -226,10 +226,13 @@ def test_an_environment_that_crashes_is_replaced_and_its_task_replayed(loop, mon
 def test_a_hung_grader_is_killed_and_the_answer_never_scored_zero(loop):
     def hang_grader(run_dir, stop):
         if after_update(run_dir, stop):
-            stopped.extend(children(_WORKER_COMMAND))
+            stopped.extend(p for p in children(_WORKER_COMMAND) if p not in others)
             for pid in stopped:
                 os.kill(pid, signal.SIGSTOP)
 
+    # workers of graders other tests left alive in this process (the default grader's): never stopped,
+    # or later tests that grade through them would time out
+    others = set(children(_WORKER_COMMAND))
     stopped: list[int] = []
     with Grader(workers=1) as grader:
         summary, rows, batches = loop(python_tool_env(grader), engine=ToolScriptEngine, during=hang_grader)
