@@ -8,17 +8,14 @@ held-out evaluation are the real ones.
 
 from __future__ import annotations
 
-import json
-
 import httpx
 import pytest
-import yaml
 
 import agentenv
 from agentenv.trainer import recipe, setup
 from tests.fakes import CharRenderer
 from tests.remote.serving import GUESS_NUMBER_ID, running
-from tests.trainer.test_plugin_env import tiny_lm
+from tests.trainer.test_plugin_env import check_two_update_guess_number_run, tiny_lm
 
 pytestmark = [pytest.mark.timeout(180)]
 
@@ -40,17 +37,7 @@ def test_train_against_a_remote_env(tmp_path, monkeypatch):
         assert recipe.main(argv) == 0
         health = httpx.get(server.url + "/health", timeout=10).json()
     assert GUESS_NUMBER_ID not in agentenv.registry  # never built in this process
-    cfg = yaml.safe_load((run / "config.yaml").read_text())
-    assert cfg["env"] == {"id": GUESS_NUMBER_ID, "kwargs": {}, "eval_kwargs": {}, "remote": server.url}
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert [r["update"] for r in rows] == [1, 2] and all(r["episodes/errors"] == 0 for r in rows)
-    consumed = [json.loads(line) for line in (run / "staleness.jsonl").read_text().splitlines()]
     # the task ids come from the server's env (high=3), so the episodes were played there
-    assert len(consumed) == 8 and {c["task_id"] for c in consumed} <= {"secret-1", "secret-2", "secret-3"}
-    for label, version in (("before", 0), ("after", 2)):
-        report = json.loads((run / f"eval_{label}.json").read_text())
-        assert report["task_ids"] == ["secret-1", "secret-2", "secret-3"] and report["version"] == version
-        assert report["episodes"] == 3 and report["errors"] == 0
+    check_two_update_guess_number_run(run, {"id": GUESS_NUMBER_ID, "kwargs": {}, "eval_kwargs": {},
+                                            "remote": server.url})
     assert health["sessions"] == 0  # every episode's session was closed
-    summary = json.loads((run / "summary.json").read_text())
-    assert summary["updates"] == 2 and not summary["interrupted"]

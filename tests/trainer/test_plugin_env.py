@@ -58,9 +58,22 @@ def test_train_a_plugin_env_without_a_recipe(guess_number, tmp_path, monkeypatch
     monkeypatch.setattr(setup, "load_policy", lambda cfg, **_: (tiny_lm(), None, CharRenderer()))
     run = tmp_path / "run"
     assert recipe.main(["--env", guess_number, "--run-dir", str(run), *FAST, "eval.problems=3"]) == 0
-    cfg = yaml.safe_load((run / "config.yaml").read_text())
-    assert cfg["env"] == {"id": guess_number, "kwargs": {"high": 3, "max_turns": 2}, "eval_kwargs": {}, "remote": None}
+    cfg = check_two_update_guess_number_run(run, {"id": guess_number, "kwargs": {"high": 3, "max_turns": 2},
+                                                   "eval_kwargs": {}, "remote": None})
     assert cfg["warmup"]["steps"] == 0 and cfg["run"]["updates"] == 2
+    for label in ("before", "after"):
+        assert len(json.loads((run / f"eval_{label}.json").read_text())["outcomes"]) == 3
+    assert "eval/delta" in json.loads((run / "summary.json").read_text())
+
+
+def check_two_update_guess_number_run(run, env: dict) -> dict:
+    """Assert what a 2-update GuessNumber(high=3) run with 3 held-out tasks left in ``run``; return its config.
+
+    ``config.yaml`` holds ``env``; 2 updates, no failed episode, 8 trajectories of the 3 secrets
+    consumed; held-out reports of the 3 tasks at versions 0 and 2, no errors; not interrupted.
+    """
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    assert cfg["env"] == env
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["update"] for r in rows] == [1, 2] and all(r["episodes/errors"] == 0 for r in rows)
     consumed = [json.loads(line) for line in (run / "staleness.jsonl").read_text().splitlines()]
@@ -68,9 +81,10 @@ def test_train_a_plugin_env_without_a_recipe(guess_number, tmp_path, monkeypatch
     for label, version in (("before", 0), ("after", 2)):
         report = json.loads((run / f"eval_{label}.json").read_text())
         assert report["task_ids"] == ["secret-1", "secret-2", "secret-3"] and report["version"] == version
-        assert report["episodes"] == 3 and report["errors"] == 0 and len(report["outcomes"]) == 3
+        assert report["episodes"] == 3 and report["errors"] == 0
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["updates"] == 2 and not summary["interrupted"] and "eval/delta" in summary
+    assert summary["updates"] == 2 and not summary["interrupted"]
+    return cfg
 
 
 def test_a_warm_up_the_env_cannot_serve_fails_before_the_model_loads(guess_number, tmp_path, monkeypatch, capsys):
