@@ -43,6 +43,8 @@ class PolicyBatch:
         gate_d: ``(b,)`` float32, FlashREINFORCE's gate statistic D_i (nats) when the gate was decided
             from a scoring pass before the training forward (zeros until then; see
             :func:`agentenv.trainer.learner.prepare_batch`).
+        gate_mask: ``(b, t)`` bool, the token-local gate's decision ``m_it`` (``optim.gate: token``)
+            when it was decided from a scoring pass; a copy of ``loss_mask`` until then.
         ids: The trajectories' ids, row order.
         global_batch_size: B, rows in the whole fresh batch (kept by every split).
         global_tokens: N, policy tokens in the whole fresh batch (kept by every split).
@@ -60,6 +62,7 @@ class PolicyBatch:
     lengths: torch.Tensor
     advantages: torch.Tensor
     gate_d: torch.Tensor
+    gate_mask: torch.Tensor
     ids: tuple[str, ...]
     global_batch_size: int
     global_tokens: int
@@ -111,6 +114,7 @@ _ROW_TENSORS = (
     "lengths",
     "advantages",
     "gate_d",
+    "gate_mask",
 )
 
 
@@ -178,6 +182,7 @@ def build_batch(trajectories: Sequence[Trajectory], pad_token_id: int = 0) -> Po
         lengths=lengths,
         advantages=torch.zeros(b, dtype=torch.float32),
         gate_d=torch.zeros(b, dtype=torch.float32),
+        gate_mask=loss_mask[:, 1:].clone(),
         ids=tuple(tr.id for tr in kept),
         global_batch_size=b,
         global_tokens=int(lengths.sum()),

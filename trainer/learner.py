@@ -38,10 +38,12 @@ from agentenv.trainer.objectives import (
     _check_fraction,
     batch_mean_advantages,
     bernoulli_kl_gate,
+    check_gate,
     flash_reinforce_loss,
     group_advantages,
     grpo_loss,
     masked_batch_mean_advantages,
+    trust_gate,
 )
 from agentenv.trajectory import Trajectory
 
@@ -110,6 +112,13 @@ class OptimConfig:
             averaged over its ``T_i``, then over B) or ``"token_mean"`` (every policy token of the
             batch weighs ``1/N``; the ablation, ``agentenv study sample_vs_token_mean``). GRPO is
             always token-mean.
+        gate: FlashREINFORCE only: the trust gate on the Bernoulli-KL proxy
+            (:func:`agentenv.trainer.objectives.trust_gate`). ``"sequence"`` (default, the method):
+            a row is admitted iff ``D_i <= delta``; ``"token"``: each policy token is admitted iff its
+            own term ``d_t <= delta`` (denominator still ``T_i``); ``"none"``: every row admitted.
+            ``learner/mean_d`` is the mean ``D_i`` in every mode; ``learner/admitted_fraction`` the
+            share of rows with an admitted token, ``learner/admitted_token_fraction`` the share of
+            policy tokens admitted (``agentenv study gate_under_lag``).
     """
 
     objective: Literal["flash_reinforce", "grpo"] = "flash_reinforce"
@@ -131,8 +140,10 @@ class OptimConfig:
     truncation_penalty: float = 1.0
     advantage_clip_negative: bool = False
     loss_aggregation: Literal["sample_mean", "token_mean"] = "sample_mean"
+    gate: Literal["sequence", "token", "none"] = "sequence"
 
     def __post_init__(self) -> None:
+        check_gate(self.gate, "optim.gate")
         if self.loss_aggregation not in ("sample_mean", "token_mean"):
             raise ConfigError(f"optim.loss_aggregation must be 'sample_mean' or 'token_mean', "
                               f"got {self.loss_aggregation!r}")
@@ -152,6 +163,9 @@ class OptimConfig:
         if self.entropy_keep_fraction is not None:
             _check_fraction(self.entropy_keep_fraction)
         if self.objective == "grpo":
+            if self.gate != "sequence":
+                raise ConfigError(f"optim.gate {self.gate!r} is FlashREINFORCE's trust gate; GRPO has none "
+                                  "(leave optim.gate at 'sequence')")
             if self.truncation == "mask":
                 raise ConfigError("optim.truncation 'mask' is defined for FlashREINFORCE's batch baseline only; "
                                   "with grpo use 'keep' or 'penalty'")
@@ -215,6 +229,7 @@ class UpdateStats:
             "train/rows": float(self.rows),
             "train/excluded_rows": float(self.excluded_rows),
             "gate/admitted_fraction": o.admitted_fraction,
+            "gate/admitted_token_fraction": o.admitted_token_fraction,
             "gate/mean_d": o.mean_d,
             "gate/mean_rho": o.mean_rho,
             "train/clip_fraction": o.clip_fraction,
@@ -529,6 +544,7 @@ class Learner:
                     admitted=adm.to(self.device) if adm is not None else None, gate_d=mb.gate_d,
                     entropies=ent, entropy_keep_fraction=filt, row_ids=mb.ids,
                     total_tokens=batch.global_tokens if cfg.loss_aggregation == "token_mean" else None,
+                    gate=cfg.gate, token_admitted=mb.gate_mask if adm is not None else None,
                 )
             if out.loss.requires_grad:
                 out.loss.backward()
@@ -667,7 +683,7 @@ def prepare_batch(
         trajectories: The fresh batch (B trajectories).
         scores: Current log pi(a_t) per trajectory (one ``(T_i,)`` tensor or array each, in order), the
             gate's ``q``; None leaves the gate to the training forward. GRPO ignores them.
-        config: Objective settings (``objective``, ``grpo_group_size``, ``delta``).
+        config: Objective settings (``objective``, ``grpo_group_size``, ``delta``, ``gate``).
         pad_token_id: Pad id.
 
     Trajectories cut by a token budget are treated as ``config.truncation`` says (:class:`OptimConfig`).
@@ -675,7 +691,8 @@ def prepare_batch(
     Returns:
         ``(batch, admitted)``: advantages ``A_i = R_i - mean R`` over all B rows (GRPO: per group;
         ``max(A_i, 0)`` under ``config.advantage_clip_negative``);
-        ``admitted`` is ``(B,)`` bool from the scores, or None.
+        ``admitted`` is ``(B,)`` bool from the scores (rows that keep any gradient under
+        ``config.gate``), or None; under ``gate: token`` the tokens' decision goes in ``batch.gate_mask``.
 
     Raises:
         DataError: empty batch, malformed trajectory, scores not matching the trajectories.
@@ -707,8 +724,13 @@ def prepare_batch(
                     f"trajectory {tid}: {s.numel()} scores for {int(batch.lengths[i])} policy tokens"
                 )
             q[i][batch.loss_mask[i]] = s
-        d, admitted = bernoulli_kl_gate(q, batch.behaviour_logprobs, batch.loss_mask, config.delta)
-        batch = replace(batch, gate_d=d.float())
+        if config.gate == "sequence":
+            d, admitted = bernoulli_kl_gate(q, batch.behaviour_logprobs, batch.loss_mask, config.delta)
+            batch = replace(batch, gate_d=d.float())
+        else:
+            decision = trust_gate(q, batch.behaviour_logprobs, batch.loss_mask, config.delta, config.gate)
+            admitted = decision.rows
+            batch = replace(batch, gate_d=decision.d.float(), gate_mask=decision.tokens)
     return batch, admitted
 
 
@@ -746,6 +768,7 @@ def _skipped_stats(mb: PolicyBatch, adm: torch.Tensor) -> ObjectiveStats:
     return ObjectiveStats(
         rows=mb.num_rows,
         admitted=int(adm.sum()),
+        admitted_tokens=int((mb.gate_mask & mb.loss_mask & adm.unsqueeze(1)).sum()),
         tokens=int(mb.lengths.sum()),
         d_sum=float(mb.gate_d.double().sum()),
         adv_sum=float(adv.sum()),
@@ -786,7 +809,7 @@ def _all_reduce_flag(flag: bool) -> bool:
 
 
 _SUM_FIELDS = (
-    "rows", "admitted", "tokens", "kept_tokens", "d_sum", "rho_sum", "adv_sum", "adv_sq_sum",
+    "rows", "admitted", "admitted_tokens", "tokens", "kept_tokens", "d_sum", "rho_sum", "adv_sum", "adv_sq_sum",
     "loss_sum", "surrogate_sum", "clipped_tokens", "behaviour_nll_sum",
 )
 

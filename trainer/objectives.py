@@ -37,6 +37,8 @@ __all__ = [
     "FlashReinforceConfig",
     "GRPOConfig",
     "ObjectiveOutput",
+    "GATES",
+    "GateDecision",
     "ObjectiveStats",
     "batch_mean_advantages",
     "bernoulli_kl_gate",
@@ -45,6 +47,7 @@ __all__ = [
     "group_advantages",
     "grpo_loss",
     "masked_batch_mean_advantages",
+    "trust_gate",
 ]
 
 #: Probability clamp used by the gate only (docs/algorithms.md, "FlashREINFORCE"): p, q in [PROB_EPS, 1 - PROB_EPS].
@@ -53,6 +56,8 @@ PROB_EPS = 1e-6
 RHO_LOG_CLAMP = 30.0
 #: Largest log-probability accepted as "not positive" (float rounding of log_softmax), in nats.
 LOGPROB_TOL = 1e-4
+#: FlashREINFORCE gate choices (:func:`trust_gate`): the paper's sequence gate, a token-local mask, none.
+GATES = ("sequence", "token", "none")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -68,18 +73,23 @@ class FlashReinforceConfig:
         entropy_keep_fraction: ``q`` of the negative-token entropy filter: for failed trajectories keep
             only the ``ceil(q * T_i)`` highest-entropy policy tokens (denominator stays ``T_i``).
             None (default) disables the filter; 0.9 in the paper's ALFWorld setting.
+        gate: ``"sequence"`` (the method), ``"token"`` (a token-local mask) or ``"none"``; see
+            :func:`trust_gate`.
 
     Raises:
-        ConfigError: ``delta < 0`` or not finite, or ``entropy_keep_fraction`` outside [0, 1].
+        ConfigError: ``delta < 0`` or not finite, ``entropy_keep_fraction`` outside [0, 1], or an
+            unknown ``gate``.
     """
 
     delta: float = 1e-3
     entropy_keep_fraction: float | None = None
+    gate: str = "sequence"
 
     def __post_init__(self) -> None:
         _check_delta(self.delta)
         if self.entropy_keep_fraction is not None:
             _check_fraction(self.entropy_keep_fraction)
+        check_gate(self.gate)
 
 
 @dataclass(frozen=True)
@@ -122,6 +132,12 @@ def _check_fraction(q: float) -> None:
         raise ConfigError(f"entropy keep fraction must lie in [0, 1], got {q!r}")
 
 
+def check_gate(gate: str, field: str = "gate") -> None:
+    """Raise :class:`ConfigError` naming ``field`` unless ``gate`` is one of :data:`GATES`."""
+    if gate not in GATES:
+        raise ConfigError(f"{field} must be 'sequence', 'token' or 'none', got {gate!r}")
+
+
 # ---------------------------------------------------------------------------------------------
 # Stats
 # ---------------------------------------------------------------------------------------------
@@ -131,7 +147,10 @@ class ObjectiveStats:
 
     Attributes:
         rows: Rows seen (b).
-        admitted: Rows admitted by the gate (FlashREINFORCE) or all rows (GRPO).
+        admitted: Rows admitted by the gate (FlashREINFORCE; under the token gate, rows with at
+            least one admitted token) or all rows (GRPO).
+        admitted_tokens: Policy tokens the gate admits (sequence gate: the tokens of admitted rows;
+            token gate: tokens with ``d_t <= delta``; no gate and GRPO: all), before the entropy filter.
         excluded_rows: Rows dropped before the objective because they had no policy token (filled
             in by the batching layer; the objective itself rejects empty rows).
         tokens: Policy tokens seen (sum of T_i over the rows here).
@@ -149,6 +168,7 @@ class ObjectiveStats:
 
     rows: int = 0
     admitted: int = 0
+    admitted_tokens: int = 0
     excluded_rows: int = 0
     tokens: int = 0
     kept_tokens: int = 0
@@ -169,6 +189,11 @@ class ObjectiveStats:
     def admitted_fraction(self) -> float:
         """Share of rows admitted by the gate (nan when no rows)."""
         return self.admitted / self.rows if self.rows else math.nan
+
+    @property
+    def admitted_token_fraction(self) -> float:
+        """Share of policy tokens admitted by the gate (nan when no tokens)."""
+        return self.admitted_tokens / self.tokens if self.tokens else math.nan
 
     @property
     def mean_d(self) -> float:
@@ -203,6 +228,7 @@ class ObjectiveStats:
         d: dict[str, float] = {f.name: float(getattr(self, f.name)) for f in fields(self)}
         d.update(
             admitted_fraction=self.admitted_fraction,
+            admitted_token_fraction=self.admitted_token_fraction,
             mean_d=self.mean_d,
             mean_rho=self.mean_rho,
             advantage_mean=self.advantage_mean,
@@ -344,6 +370,85 @@ def bernoulli_kl_gate(
         ConfigError: negative delta. DataError: an empty row.
     """
     _check_delta(delta)
+    d, counts, dtype = _token_kl(logprobs, behaviour_logprobs, mask)
+    d_row = d.sum(dim=1) / counts.to(dtype)
+    d_row = d_row.clamp_min(0.0)
+    return d_row, d_row <= delta
+
+
+@dataclass(frozen=True)
+class GateDecision:
+    """What :func:`trust_gate` decided (``b`` rows, ``t`` positions).
+
+    Attributes:
+        d: ``(b,)`` float, ``D_i = max(0, mean_t d_t)`` over row i's policy tokens (nats), whatever the gate.
+        rows: ``(b,)`` bool, rows that keep any gradient (the sequence gate's ``m_i``; under the token
+            gate, rows with at least one admitted token; all True without a gate).
+        tokens: ``(b, t)`` bool, policy tokens that keep their gradient (``m_it``); False off the mask.
+    """
+
+    d: torch.Tensor
+    rows: torch.Tensor
+    tokens: torch.Tensor
+
+
+def trust_gate(
+    logprobs: torch.Tensor,
+    behaviour_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    delta: float,
+    gate: str = "sequence",
+) -> GateDecision:
+    """The trust gate ``m_it`` of the FlashREINFORCE loss, sequence-level (the method), token-local or none.
+
+    With the per-token Bernoulli-KL term ``d_it = p log(p/q) + (1-p) log((1-p)/(1-q))`` of
+    :func:`bernoulli_kl_gate` (``p = mu(a_it)``, ``q = pi_theta(a_it)``, clamped to
+    ``[1e-6, 1 - 1e-6]``) and ``D_i = max(0, (1/T_i) sum_t d_it)``:
+
+    * ``"sequence"``: ``m_it = m_i = 1[D_i <= delta]`` (the whole row, FlashREINFORCE's gate);
+    * ``"token"``: ``m_it = 1[d_it <= delta]``, each token on its own (a token-local mask, the
+      ablation of the sequence gate); the loss keeps the row's denominator ``T_i``, so
+      ``L = -(1/B) sum_i (A_i / T_i) sum_t m_it rho_it log pi_theta(a_it)``;
+    * ``"none"``: ``m_it = 1`` (every row and token admitted).
+
+    ``D_i`` is computed in every mode (the ``mean_d`` figure measures the train-inference mismatch
+    with or without a gate).
+
+    Args:
+        logprobs: ``(b, t)`` current log q (detached here).
+        behaviour_logprobs: ``(b, t)`` stored log p.
+        mask: ``(b, t)`` bool policy-token mask; every row needs at least one.
+        delta: Threshold (nats), >= 0 (unused by ``"none"`` but still checked).
+        gate: One of :data:`GATES`.
+
+    Returns:
+        :class:`GateDecision`.
+
+    Raises:
+        ConfigError: negative delta or an unknown gate. DataError: an empty row.
+    """
+    check_gate(gate)
+    mask = mask.bool()
+    if gate == "sequence":
+        d_row, rows = bernoulli_kl_gate(logprobs, behaviour_logprobs, mask, delta)
+        return GateDecision(d_row, rows, mask & rows.unsqueeze(1))
+    _check_delta(delta)
+    d, counts, dtype = _token_kl(logprobs, behaviour_logprobs, mask)
+    d_row = (d.sum(dim=1) / counts.to(dtype)).clamp_min(0.0)
+    if gate == "none":
+        return GateDecision(d_row, torch.ones_like(d_row, dtype=torch.bool), mask)
+    tokens = mask & (d <= delta)
+    return GateDecision(d_row, tokens.any(dim=1), tokens)
+
+
+def _token_kl(
+    logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.dtype]:
+    """``(d, counts, dtype)``: ``(b, t)`` Bernoulli-KL terms d_t (0 off the mask), ``(b,)`` T_i, the working dtype.
+
+    Raises:
+        DataError: an empty row.
+    """
     mask = mask.bool()
     counts = mask.sum(dim=1)
     if (counts == 0).any():
@@ -355,9 +460,7 @@ def bernoulli_kl_gate(
     p = lp.exp().clamp(PROB_EPS, 1.0 - PROB_EPS)
     q = lq.exp().clamp(PROB_EPS, 1.0 - PROB_EPS)
     d = p * (p.log() - q.log()) + (1.0 - p) * (torch.log1p(-p) - torch.log1p(-q))
-    d_row = torch.where(mask, d, zero).sum(dim=1) / counts.to(dtype)
-    d_row = d_row.clamp_min(0.0)
-    return d_row, d_row <= delta
+    return torch.where(mask, d, zero), counts, dtype
 
 
 # ---------------------------------------------------------------------------------------------
@@ -415,6 +518,8 @@ def flash_reinforce_loss(
     failed: torch.Tensor | None = None,
     row_ids: Sequence[str] | None = None,
     total_tokens: int | None = None,
+    gate: str = "sequence",
+    token_admitted: torch.Tensor | None = None,
 ) -> ObjectiveOutput:
     """FlashREINFORCE sample-mean loss with the sequence-level Bernoulli-KL trust gate (docs/algorithms.md).
 
@@ -431,6 +536,11 @@ def flash_reinforce_loss(
     Optional token-mean aggregation (``total_tokens = N``, the global batch's policy tokens): the
     per-row coefficient ``A_i / (B T_i)`` becomes ``A_i / N`` (DAPO's token-level loss, arXiv
     2503.14476 sec. 3.3), so long trajectories weigh more; the ablation of the sample mean.
+
+    Gate choice (``gate``, :func:`trust_gate`): ``"sequence"`` is the method above; ``"token"``
+    replaces ``m_i`` by the token-local ``m_it = 1[d_it <= delta]`` (denominator still ``T_i``:
+    ``L = -(1/B) sum_i (A_i / T_i) sum_t m_it rho_it log pi_theta(a_it)``); ``"none"`` sets every
+    ``m_i = 1``. ``D_i`` is reported in every mode.
 
     Args:
         logprobs: ``(b, t)`` current log pi_theta(a_t) with gradient (any float dtype).
@@ -451,6 +561,10 @@ def flash_reinforce_loss(
         failed: ``(b,)`` bool, rows the entropy filter applies to; default ``advantages < 0``.
         row_ids: Optional names of the rows (trajectory ids) used in error messages.
         total_tokens: N for token-mean aggregation (>= this call's policy tokens); None: sample mean.
+        gate: ``"sequence"`` (default), ``"token"`` or ``"none"`` (:data:`GATES`).
+        token_admitted: ``(b, t)`` bool precomputed token-gate decision ``m_it`` (``gate="token"``
+            with a precomputed ``admitted``, which then says which rows have an admitted token);
+            required in that case, ignored otherwise.
 
     Returns:
         :class:`ObjectiveOutput` (loss scalar in the working dtype).
@@ -459,9 +573,11 @@ def flash_reinforce_loss(
         DataError (a ValueError): an empty row, NaN/inf or a positive value (> 1e-4 nats) in a
             policy position of either log-probability, shape mismatch, ``lengths != mask.sum(1)``,
             ``batch_size < b``, a non-finite advantage, ``total_tokens`` below this call's tokens.
-        ConfigError (a ValueError): negative delta, fraction outside [0, 1], filter without entropies.
+        ConfigError (a ValueError): negative delta, fraction outside [0, 1], filter without entropies,
+            an unknown gate, ``gate="token"`` with ``admitted`` but no ``token_admitted``.
     """
     _check_delta(delta)
+    check_gate(gate)
     if entropy_keep_fraction is not None:
         _check_fraction(entropy_keep_fraction)
         if entropies is None:
@@ -470,8 +586,14 @@ def flash_reinforce_loss(
         logprobs, behaviour_logprobs, mask, advantages, lengths, batch_size, row_ids
     )
     zero = torch.zeros((), dtype=dtype, device=lq.device)
+    gate_tokens = None  # (b, t) the token gate's m_it; None: every policy token of an admitted row
     if admitted is None:
-        d, admitted = bernoulli_kl_gate(lq, lp, mask, delta)
+        if gate == "sequence":
+            d, admitted = bernoulli_kl_gate(lq, lp, mask, delta)
+        else:
+            decision = trust_gate(lq, lp, mask, delta, gate)
+            d, admitted = decision.d, decision.rows
+            gate_tokens = decision.tokens if gate == "token" else None
     else:
         admitted = admitted.to(device=lq.device, dtype=torch.bool).reshape(-1)
         if admitted.numel() != mask.shape[0]:
@@ -481,6 +603,12 @@ def flash_reinforce_loss(
             d = gate_d.to(device=lq.device, dtype=dtype).reshape(-1)
             if d.numel() != mask.shape[0]:
                 raise DataError(f"gate_d has {d.numel()} rows, expected {mask.shape[0]}")
+        if gate == "token":
+            if token_admitted is None:
+                raise ConfigError("gate='token' with a precomputed admitted needs token_admitted (b, t)")
+            if tuple(token_admitted.shape) != tuple(mask.shape):
+                raise DataError(f"token_admitted is {tuple(token_admitted.shape)}, expected {tuple(mask.shape)}")
+            gate_tokens = mask & token_admitted.to(device=lq.device, dtype=torch.bool) & admitted.unsqueeze(1)
 
     log_ratio = (lq.detach() - lp).clamp(-RHO_LOG_CLAMP, RHO_LOG_CLAMP)
     rho = torch.where(mask, log_ratio.exp(), zero)
@@ -490,6 +618,8 @@ def flash_reinforce_loss(
         rows = (adv < 0) if failed is None else failed.to(device=mask.device, dtype=torch.bool).reshape(-1)
         assert entropies is not None
         token_mask = entropy_filter_mask(entropies, mask, rows, entropy_keep_fraction)
+    if gate_tokens is not None:  # the token gate: m_it on top of the row coefficient (rows with no m_it = 1 are 0)
+        token_mask = token_mask & gate_tokens
 
     # Per-row coefficient m_i A_i / (B T_i) (token-mean: m_i A_i / N); zero for rejected rows.
     if total_tokens is not None:
@@ -505,6 +635,7 @@ def flash_reinforce_loss(
     stats = ObjectiveStats(
         rows=int(mask.shape[0]),
         admitted=int(admitted.sum()),
+        admitted_tokens=int((mask & admitted.unsqueeze(1) if gate_tokens is None else gate_tokens).sum()),
         tokens=int(mask.sum()),
         kept_tokens=int((token_mask & admitted.unsqueeze(1)).sum()),
         d_sum=float(d.sum()),
@@ -574,6 +705,7 @@ def grpo_loss(
     stats = ObjectiveStats(
         rows=int(mask.shape[0]),
         admitted=int(mask.shape[0]),
+        admitted_tokens=n_here,
         tokens=n_here,
         kept_tokens=int((mask & ~was_clipped).sum()),
         rho_sum=float(torch.where(mask, ratio.detach(), zero).sum()),

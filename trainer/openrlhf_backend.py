@@ -439,6 +439,8 @@ class OpenRLHFLearner:
                         entropy_keep_fraction=filt,
                         row_ids=mb.ids,
                         total_tokens=batch.global_tokens if cfg.loss_aggregation == "token_mean" else None,
+                        gate=cfg.gate,
+                        token_admitted=mb.gate_mask if adm is not None else None,
                     )
                 loss, stats = out.loss, stats + out.stats
             else:  # padding micro-step: zero gradient, keeps every rank's DeepSpeed micro-step count at gas
