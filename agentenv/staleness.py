@@ -60,6 +60,13 @@ class StalenessConfig:
     ``pace_share`` in the simulator) weights GS by the token share of segments older than the newest."""
     requeue_rejected: bool = True
     """Whether the loop should put a rejected trajectory's task back in the task queue."""
+    forced_lag: int = 0
+    """Forced policy lag ``k`` (policy versions; 0 = off): the generation engine serves the learner's
+    weights ``k`` versions late (:mod:`agentenv.forced_lag`), so after the first ``k`` updates every
+    consumed trajectory has ``S = GS + WS >= k`` (each token's lag is at least ``k``); the ablation
+    setting of ``agentenv study gate_under_lag``. Holds ``k + 1`` copies of the weights in host
+    memory. Pair it with policy ``none`` (or a ``max_lag`` cap of at least ``k``, or ``pace``) so that
+    the lag is not rejected away."""
 
     def __post_init__(self) -> None:
         """Validate every field.
@@ -90,6 +97,13 @@ class StalenessConfig:
             raise ConfigError(f"staleness.target_occupancy must be None or an int >= 1, got {t!r}")
         if not isinstance(self.requeue_rejected, bool):
             raise ConfigError(f"staleness.requeue_rejected must be a bool, got {self.requeue_rejected!r}")
+        k = self.forced_lag
+        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+            raise ConfigError(f"staleness.forced_lag must be an int >= 0 (policy versions), got {k!r}")
+        if self.policy == "max_lag" and k > self.max_lag:
+            raise ConfigError(f"staleness.forced_lag={k} with staleness.policy=max_lag and max_lag={self.max_lag}: "
+                              f"once the lag is reached every trajectory is over the cap and rejected; use "
+                              f"max_lag >= {k} or policy none")
 
 
 def percentile_rank(values: np.ndarray) -> np.ndarray:

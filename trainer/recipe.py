@@ -50,6 +50,7 @@ from agentenv.engines.busy import BusyClock, BusyTrackingEngine
 from agentenv.engines.supervised import SupervisedEngine, rebuild_from_learner
 from agentenv.errors import AgentEnvError, ConfigError, Interrupted, RunFolderError
 from agentenv.faults import FAULTS
+from agentenv.forced_lag import LaggedWeights, Snapshot
 from agentenv.malloc import release_free_heap
 from agentenv.models import check_model
 from agentenv.pool import TrajectoryPool
@@ -209,10 +210,12 @@ async def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False,
     # an engine that dies is rebuilt from the learner's latest weights (agentenv/engines/supervised.py);
     # the learner lock keeps a rebuild from reading the weights while the learner steps
     learner_lock = asyncio.Lock()
+    lag: LaggedWeights | None = None  # staleness.forced_lag: the engine serves the learner's weights k versions late
 
     async def rebuild_engine(dead: Any) -> Any:
-        async with learner_lock:
-            return await rebuild_from_learner(dead, learner, lambda m: setup.build_engine(cfg, m, tokenizer))
+        async with learner_lock:  # under a forced lag the rebuilt engine serves the lagged weights
+            source = lag.engine_source(learner) if lag is not None else learner
+            return await rebuild_from_learner(dead, source, lambda m: setup.build_engine(cfg, m, tokenizer))
 
     FAULTS.reset()  # faults/* count from this run's start
     engine = BusyTrackingEngine(SupervisedEngine(setup.build_engine(cfg, copy.deepcopy(model), tokenizer),
@@ -248,6 +251,9 @@ async def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False,
     (run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))  # a refused resume keeps it
     if learner.version != engine.version:
         await engine.update_weights(learner.weights_for_engine(), learner.version)
+    if cfg.staleness.forced_lag:  # the lag counts from here (after a resume it builds up again)
+        lag = LaggedWeights(cfg.staleness.forced_lag, learner.version,
+                            await asyncio.to_thread(learner.weights_for_engine))
     metrics = MetricsWriter(run_dir)
     saved_version = saved_at_start = learner.version
     if cfg.eval.problems and not (run_dir / "eval_before.json").exists():
@@ -303,8 +309,10 @@ async def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False,
                 update_s = time.time() - t_update
                 await asyncio.to_thread(release_free_heap)  # the step's freed activations leave the process
                 if stats.stepped:  # the state-dict copy runs in a worker thread too
-                    await engine.update_weights(await asyncio.to_thread(learner.weights_for_engine),
-                                                learner.version)
+                    weights = await asyncio.to_thread(learner.weights_for_engine)
+                    due = Snapshot(learner.version, weights) if lag is None else lag.push(learner.version, weights)
+                    if due is not None:  # under staleness.forced_lag, the snapshot of k versions ago (or none)
+                        await engine.update_weights(due.weights, due.version)
             batches += 1
 
             # 5. logging: one row per consumed batch (``update`` is the policy version after it)
@@ -338,6 +346,8 @@ async def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False,
         if learner.version != saved_version:
             checkpoints.save(learner, extra=checkpoint_extra())
         if cfg.eval.problems and not stop.is_set() and learner.version > saved_at_start:
+            if engine.version != learner.version:  # a forced lag: the held-out policy is the trained one
+                await engine.update_weights(await asyncio.to_thread(learner.weights_for_engine), learner.version)
             after = await held_out(cfg, engine, renderer, run_dir, "after", stop)
             if after is not None:
                 summary["eval/after"] = after

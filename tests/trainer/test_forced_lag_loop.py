@@ -1,0 +1,89 @@
+"""``staleness.forced_lag`` in the real training loop: the engine gets each update's weights k versions late.
+
+``recipe.train()`` runs for real (collector, pool, next_batch, the single-process Learner on a random
+1-layer Llama, staleness.jsonl) with the scripted engine of ``tests.fakes``, whose segments carry the
+version of the weights it serves. Every batch steps (``optim.step_on_zero_gradient``), so batch j is
+consumed at learner version j, and the versions can be computed by hand: with k = 2 the engine
+serves max(0, v - 2) while the learner is at v, gets versions 1..4 after updates 3..6, and every
+trajectory consumed at v has each token's lag >= min(2, v), so GS + WS >= min(2, v).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+import torch
+
+from agentenv.trainer import recipe, setup
+from tests.fakes import CharRenderer, CountdownEnv, ScriptedEngine, record_learner_batches
+
+from .test_loop_failures import OVERRIDES, tiny_lm
+
+pytestmark = pytest.mark.timeout(120)
+
+K = 2
+
+
+class RecordingEngine(ScriptedEngine):
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.updates: list[tuple[int, dict]] = []
+
+    async def update_weights(self, weights, version):
+        self.updates.append((version, weights))
+        await super().update_weights(weights, version)
+
+
+def test_the_engine_lags_k_versions_and_the_recorded_staleness_shows_it(tmp_path, monkeypatch):
+    batches = record_learner_batches(monkeypatch)
+    engines: list[RecordingEngine] = []
+    snapshots: dict[int, dict] = {}  # the learner's weights at each version, as it handed them out
+    build_learner = setup.build_learner
+
+    def learner_recording_snapshots(cfg, model):
+        learner = build_learner(cfg, model)
+        real = learner.weights_for_engine
+
+        def weights_for_engine(*a, **kw):
+            sd = real(*a, **kw)
+            snapshots.setdefault(learner.version, sd)
+            return sd
+
+        learner.weights_for_engine = weights_for_engine
+        return learner
+
+    def engine(cfg, model, tok):
+        engines.append(RecordingEngine(["done", "no", "no"], max_context_tokens=64))
+        return engines[-1]
+
+    monkeypatch.setattr(setup, "load_policy", lambda cfg, **_: (tiny_lm(), None, CharRenderer()))
+    monkeypatch.setattr(setup, "build_engine", engine)
+    monkeypatch.setattr(setup, "env_factory", lambda cfg, *_: CountdownEnv)
+    monkeypatch.setattr(setup, "build_learner", learner_recording_snapshots)
+    cfg, _ = recipe.parse_args(["--run-dir", str(tmp_path / "run"), *OVERRIDES, "--updates", "6",
+                                "staleness.policy=none", f"staleness.forced_lag={K}",
+                                "optim.step_on_zero_gradient=true"])
+    run_dir = recipe.prepare_run_dir(cfg, resume=False, overwrite=False)
+    summary = asyncio.run(asyncio.wait_for(recipe.train(cfg, run_dir), 90))
+    assert summary["updates"] == 6 and len(batches) == 6
+
+    # the engine got versions 1..4 (after updates 3..6), each exactly the learner's weights of that version
+    (eng,) = engines
+    assert [v for v, _ in eng.updates] == [1, 2, 3, 4]
+    for v, sd in eng.updates:
+        assert sd.keys() == snapshots[v].keys() and all(torch.equal(sd[k], snapshots[v][k]) for k in sd)
+    assert not all(torch.equal(snapshots[1][k], snapshots[4][k]) for k in snapshots[1])  # they did change
+
+    # batch j, consumed at version j, holds only tokens of versions <= max(0, j - k)
+    for j, batch in enumerate(batches):
+        assert max(s.version for t in batch for s in t.segments) <= max(0, j - K)
+    records = [json.loads(line) for line in (run_dir / "staleness.jsonl").read_text().splitlines()]
+    assert [r["version"] for r in records] == [j for j in range(6) for _ in range(4)]
+    for r in records:
+        assert r["gs"] + r["ws"] >= min(K, r["version"]) - 1e-9
+    late = [r["gs"] + r["ws"] for r in records if r["version"] >= K]
+    assert len(late) == 16 and min(late) >= K
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert all(row["staleness/gs_mean"] + row["staleness/ws_mean"] >= K for row in rows[K:])
