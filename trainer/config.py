@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 from agentenv.errors import ConfigError
 from agentenv.rollout import RolloutConfig
 from agentenv.staleness import StalenessConfig
+from agentenv.step_latency import StepLatencyConfig
 from agentenv.trainer.learner import OptimConfig
 from agentenv.trainer.warmup import WarmupConfig
 
@@ -40,6 +41,11 @@ class EnvConfig:
     """``agentenv serve`` server URL(s) playing ``id`` (``http://host:port``; a list is balanced
     across episodes), for training and held-out episodes alike; None: the env runs in this process.
     The servers own the constructor arguments, so ``kwargs`` and ``eval_kwargs`` must be empty."""
+    step_latency: StepLatencyConfig = field(default_factory=StepLatencyConfig)
+    """A long-tailed delay before every step of the training environments, for any env
+    (:mod:`agentenv.step_latency`): lognormal with median ``median_s`` seconds and shape ``sigma``,
+    seeded by the episode seed, awaited without blocking the loop; e.g. ``{median_s: 2.0, sigma: 1.0}``
+    for a slow tool. Off (``median_s: 0``) by default; the held-out evaluation runs without it."""
 
     def __post_init__(self) -> None:
         if self.remote is not None:

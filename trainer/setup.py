@@ -18,6 +18,7 @@ from agentenv.core import Env, has_scripted_demonstrations
 from agentenv.errors import ConfigError
 from agentenv.paths import cache_dir
 from agentenv.registration import make, spec
+from agentenv.step_latency import StepLatency
 from agentenv.trainer.config import TrainConfig
 from agentenv.trajectory import Trajectory
 
@@ -31,7 +32,9 @@ def env_factory(cfg: TrainConfig, renderer: Any = None) -> Callable[[], Env]:
     One environment is built here, so that a wrong id or constructor argument fails now with a clear
     error rather than inside a worker. With ``renderer`` (the policy's :class:`ChatRenderer`), an env
     whose constructor takes ``tool_parser`` gets the parser its chat template implies when neither the
-    config nor the registration sets one (:func:`default_env_kwargs`).
+    config nor the registration sets one (:func:`default_env_kwargs`). With
+    ``env.step_latency.median_s > 0`` every environment built is wrapped in
+    :class:`~agentenv.step_latency.StepLatency` (a seeded lognormal delay before each step).
 
     Raises:
         EnvNotFound: ``env.id`` is not registered.
@@ -44,6 +47,9 @@ def env_factory(cfg: TrainConfig, renderer: Any = None) -> Callable[[], Env]:
     if cfg.env.remote is not None:  # agentenv serve servers (agentenv.remote.RemoteEnv)
         kwargs["remote"] = cfg.env.remote
     make(cfg.env.id, **kwargs)
+    latency = cfg.env.step_latency
+    if latency.enabled:
+        return lambda: StepLatency(make(cfg.env.id, **kwargs), latency)
     return lambda: make(cfg.env.id, **kwargs)
 
 
