@@ -236,6 +236,9 @@ def study_row(study: Study, setting: str, run_dir: Path) -> dict[str, Any]:
         "reward_std": round(statistics.pstdev(rewards), 4) if len(rewards) > 1 else None,
         "response_tokens": _mean([m.get("length/policy_tokens") for m in metrics]),
         "admitted": _mean([m.get("learner/admitted_fraction") for m in metrics]),
+        "admitted_tokens": _mean([m.get("learner/admitted_token_fraction") for m in metrics]),
+        "lag_mean": (round(base["gs_mean"] + base["ws_mean"], 3)
+                     if base["gs_mean"] is not None and base["ws_mean"] is not None else None),
         "mean_d": _mean([m.get("learner/mean_d") for m in metrics]),
         "gs_mean": base["gs_mean"], "ws_mean": base["ws_mean"], "rejection_rate": base["rejection_rate"],
     }
@@ -269,12 +272,13 @@ def table(study: Study, rows: list[dict[str, Any]]) -> str:
 
 
 def scale(cfg: TrainConfig, study: Study, quick: bool) -> str:
-    """One line saying at what scale the study ran (model, task, B, budget, held-out problems)."""
+    """One line saying at what scale the study ran (model, task, B, budget, held-out problems, overrides)."""
     updates, seconds = budget(study, quick)
     spent = f"{seconds:.0f} s of wall-clock per setting" if seconds is not None else f"{updates} updates per setting"
     return (f"model {cfg.model.name or 'SmolLM2-135M-Instruct (embedded)'}, task {cfg.env.id}/"
             f"{cfg.env.kwargs.get('dataset')}, B = {cfg.run.batch_size}, {spent}, "
             f"{cfg.eval.problems} held-out problems ({cfg.env.eval_kwargs.get('dataset')})"
+            + (f"; every setting with {', '.join(study.extra)}" if study.extra else "")
             + (" (--quick: a check that the study runs, not a measurement)" if quick else ""))
 
 
@@ -345,7 +349,7 @@ def plot_study(study: Study, root: Path, settings: list[str], rows: list[dict[st
 
 def list_studies() -> str:
     """The known studies, one line each (a study that cannot run yet says why)."""
-    return "\n".join(f"  {s.name:<22} " + (f"NOT YET RUNNABLE: {s.not_runnable}" if s.not_runnable else
+    return "\n".join(f"  {s.name:<28} " + (f"NOT YET RUNNABLE: {s.not_runnable}" if s.not_runnable else
                                            f"{len(s.settings)} settings: " + ", ".join(x.name for x in s.settings))
                      for s in STUDIES.values())
 

@@ -9,9 +9,10 @@ import math
 import pytest
 
 from agentenv.errors import ConfigError, DataError, RunFolderError
-from agentenv.trainer.studies import STUDIES
+from agentenv.trainer.studies import STUDIES, Setting, Study
 from agentenv.trainer.study import (
     get_study,
+    list_studies,
     main,
     run_study,
     setting_configs,
@@ -42,7 +43,8 @@ def _fake_setting(run, success, tools):
     (run / "summary.json").write_text(json.dumps({"updates": 3, "train_s": 30.04, "wall_clock_s": 61.26}))
     _jsonl(run / "metrics.jsonl", [
         {"update": u, "train/batches": u, "reward/mean": r, "tools/calls": t, "length/policy_tokens": 40 + u,
-         "learner/admitted_fraction": 1.0, "learner/mean_d": 0.01, "pool/rejected": 0, "engine/busy_share": 0.5}
+         "learner/admitted_fraction": 1.0, "learner/admitted_token_fraction": 0.4 + u / 10, "learner/mean_d": 0.01,
+         "pool/rejected": 0, "engine/busy_share": 0.5}
         for u, r, t in zip((1, 2, 3), (0.25, 0.5, 0.75), tools, strict=True)])
     _jsonl(run / "staleness.jsonl", [{"gs": 0, "ws": 1}] * 12)
     for label, rate in (("before", 0.25), ("after", success)):
@@ -67,6 +69,16 @@ def test_row_and_table_from_run_folders(tmp_path):
     assert md[3].startswith("| b | 0.1667 | 0.875 [")
 
 
+def test_the_gate_study_row_reports_the_token_share_and_the_lag(tmp_path):
+    _fake_setting(tmp_path / "g", 0.5, (1.0, 1.0, 1.0))
+    row = study_row(STUDIES["gate_under_lag"], "g", tmp_path / "g")
+    # reward 0.25, 0.5, 0.75: population std 0.2041; token shares 0.5, 0.6, 0.7; every record GS 0 + WS 1
+    assert [row[k] for k in ("mean_d", "reward_std", "admitted", "admitted_tokens", "lag_mean")] == [
+        0.01, 0.2041, 1.0, 0.6, 1.0]
+    assert list(row)[:7] == ["setting", "mean_d", "reward_std", "admitted", "admitted_tokens", "lag_mean",
+                             "success_after"]
+
+
 def test_a_run_without_held_out_evaluation_says_n_a(tmp_path):
     _fake_setting(tmp_path / "a", 0.5, (1.0, 1.0, 1.0))
     for p in tmp_path.glob("a/eval_*.json"):
@@ -79,7 +91,8 @@ def test_a_run_without_held_out_evaluation_says_n_a(tmp_path):
 def test_every_runnable_study_builds_valid_configs_with_equal_budgets(tmp_path):
     runnable = [s for s in STUDIES.values() if not s.not_runnable]
     assert [s.name for s in runnable] == ["one_vs_group", "signed_feedback", "sample_vs_token_mean",
-                                          "staleness_wall_clock", "entropy_filter"]
+                                          "gate_under_lag", "staleness_wall_clock",
+                                          "staleness_wall_clock_latency", "entropy_filter"]
     for study in runnable:
         configs = setting_configs(study, tmp_path, quick=False)
         assert len(configs) == len(study.settings) >= 2
@@ -95,20 +108,33 @@ def test_every_runnable_study_builds_valid_configs_with_equal_budgets(tmp_path):
     assert signed == [False, True]
     means = setting_configs(STUDIES["sample_vs_token_mean"], tmp_path, quick=False)
     assert [c.optim.loss_aggregation for _, c in means] == ["sample_mean", "token_mean"]
-    wall = setting_configs(STUDIES["staleness_wall_clock"], tmp_path, quick=False)
-    assert [(c.run.mode, c.staleness.policy, c.staleness.drift_mode) for _, c in wall] == [
-        ("sync", "sync", "token_share"), ("async", "none", "token_share"), ("async", "max_lag", "token_share"),
-        ("async", "pace", "token_share"), ("async", "pace", "scoring")]
+    gates = setting_configs(STUDIES["gate_under_lag"], tmp_path, quick=False)
+    assert [(s.name, c.optim.gate, c.staleness.forced_lag, c.staleness.policy) for s, c in gates] == [
+        ("sequence_gate", "sequence", 4, "none"), ("token_mask", "token", 4, "none"), ("no_gate", "none", 4, "none")]
+    assert [c.optim.gate for _, c in setting_configs(STUDIES["gate_under_lag"], tmp_path, quick=True)] == [
+        "sequence", "token"]
+    for name, latency in (("staleness_wall_clock", (0.0, 0.0)), ("staleness_wall_clock_latency", (2.0, 1.0))):
+        wall = setting_configs(STUDIES[name], tmp_path, quick=False)
+        assert [(c.run.mode, c.staleness.policy, c.staleness.drift_mode) for _, c in wall] == [
+            ("sync", "sync", "token_share"), ("async", "none", "token_share"), ("async", "max_lag", "token_share"),
+            ("async", "pace", "token_share"), ("async", "pace", "scoring")]
+        assert {(c.env.step_latency.median_s, c.env.step_latency.sigma, c.eval.problems) for _, c in wall} == {
+            (*latency, 0)}
+        assert STUDIES[name].seconds == 1800.0
     quick = setting_configs(STUDIES["entropy_filter"], tmp_path, quick=True)
     assert [c.optim.entropy_keep_fraction for _, c in quick] == [None, 0.9]
     assert {(c.run.updates, c.run.batch_size, c.eval.problems) for _, c in quick} == {(2, 4, 4)}
 
 
-def test_bad_input_is_a_clear_error_before_anything_runs(tmp_path, capsys):
+def test_bad_input_is_a_clear_error_before_anything_runs(tmp_path, capsys, monkeypatch):
     with pytest.raises(ConfigError, match="unknown study 'nope'; known studies: one_vs_group, signed_feedback"):
         get_study("nope")
-    with pytest.raises(ConfigError, match="gate_under_lag' cannot run yet: no forced-lag mechanism"):
-        get_study("gate_under_lag")
+    later = Study("later", "a claim", (Setting("a", ()), Setting("b", ())), ("mean_d",), not_runnable="no mechanism")
+    monkeypatch.setitem(STUDIES, "later", later)
+    with pytest.raises(ConfigError, match="study 'later' cannot run yet: no mechanism"):
+        get_study("later")
+    assert "later                        NOT YET RUNNABLE: no mechanism" in list_studies()
+    monkeypatch.delitem(STUDIES, "later")
     with pytest.raises(ConfigError, match="setting grpo_n4 cannot apply: a GRPO group of 4 rollouts"):
         run_study("one_vs_group", tmp_path / "s", quick=True, overrides=["run.concurrency=2"])
     with pytest.raises(ConfigError, match="setting grpo_n4: .*multiple of optim.grpo_group_size"):
