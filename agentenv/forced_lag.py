@@ -89,8 +89,10 @@ class LaggedWeights(Generic[W]):
         return due
 
     def engine_source(self, learner: Any) -> Any:
-        """What :func:`agentenv.engines.supervised.rebuild_from_learner` reads in place of ``learner``:
-        the engine's lagged weights and version, and ``learner.model`` (to build a model from)."""
+        """A stand-in for ``learner`` in :func:`agentenv.engines.supervised.rebuild_from_learner`.
+
+        It has the engine's lagged weights and version, and ``learner.model`` (to build a model from).
+        """
         return _Source(self, learner.model)
 
 

@@ -87,3 +87,24 @@ def test_the_engine_lags_k_versions_and_the_recorded_staleness_shows_it(tmp_path
     assert len(late) == 16 and min(late) >= K
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert all(row["staleness/gs_mean"] + row["staleness/ws_mean"] >= K for row in rows[K:])
+
+
+@pytest.mark.parametrize("gate, delta, share", [("sequence", "100.0", 1.0), ("token", "100.0", 1.0),
+                                                ("token", "0.0", 0.0), ("none", "0.0", 1.0)])
+def test_every_gate_trains_under_the_lag_and_logs_its_admission(tmp_path, monkeypatch, gate, delta, share):
+    monkeypatch.setattr(setup, "load_policy", lambda cfg, **_: (tiny_lm(), None, CharRenderer()))
+    monkeypatch.setattr(setup, "build_engine", lambda cfg, model, tok: ScriptedEngine(["done", "no"]))
+    monkeypatch.setattr(setup, "env_factory", lambda cfg, *_: CountdownEnv)
+    overrides = [o for o in OVERRIDES if not o.startswith("optim.delta")]
+    cfg, _ = recipe.parse_args(["--run-dir", str(tmp_path / "run"), *overrides, "--updates", "3",
+                                "staleness.policy=none", "staleness.forced_lag=1", f"optim.gate={gate}",
+                                f"optim.delta={delta}", "optim.step_on_zero_gradient=true"])
+    run_dir = recipe.prepare_run_dir(cfg, resume=False, overwrite=False)
+    summary = asyncio.run(asyncio.wait_for(recipe.train(cfg, run_dir), 90))
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert summary["updates"] == 3 and len(rows) == 3
+    # the scripted log-probs (-0.5 per token) are far from the random model's: D > 0, whatever the gate
+    assert all(r["learner/mean_d"] > 0.1 for r in rows)
+    assert [r["learner/admitted_token_fraction"] for r in rows] == [share] * 3
+    assert [r["learner/admitted_fraction"] for r in rows] == [share] * 3
+    assert [r["learner/kept_tokens"] > 0 for r in rows] == [share > 0] * 3
