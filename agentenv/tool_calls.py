@@ -19,7 +19,11 @@ It is lenient where models are sloppy in practice (docs/architecture.md, "Known 
 * a missing ``</tool_call>`` is accepted when a complete JSON object is followed only by whitespace
   up to the end of the reply (the model stopped at its end-of-turn token); otherwise it is an error;
 * malformed JSON, a missing ``name`` or non-object ``arguments`` give a :class:`ToolCallError`;
-* JSON in ordinary prose without the ``<tool_call>`` tag is not a call.
+* JSON in ordinary prose without the ``<tool_call>`` tag is not a call;
+* text after the last ``</tool_call>`` is ignored by default (as vLLM's hermes parser drops it);
+  ``trailing_text="error"`` makes such a reply one malformed call instead (none of its calls run),
+  for training: a stray token after the closing tag then costs the episode its tool result, so it
+  is not reinforced along with the call (BENCHMARKS.md, "Learning runs").
 
 Other families' formats live in :mod:`agentenv.tool_formats` (Qwen3 with ``<think>``, Llama 3.x
 JSON, Mistral ``[TOOL_CALLS]``, gpt-oss harmony, DeepSeek). :func:`get_tool_parser` builds one by
@@ -168,7 +172,22 @@ class HermesToolCallParser:
     """Parser for ``<tool_call>{json}</tool_call>`` blocks (Hermes, Qwen2.5, Qwen3).
 
     See the module docstring for what is accepted leniently and what becomes an error.
+
+    Args:
+        trailing_text: ``"ignore"`` (default): prose after the last call block is part of
+            :attr:`ParsedReply.content`; ``"error"``: a reply with calls and non-whitespace text after
+            the last ``</tool_call>`` parses as one :class:`ToolCallError` (its calls are dropped).
+
+    Raises:
+        ConfigError: ``trailing_text`` is neither ``"ignore"`` nor ``"error"``.
     """
+
+    TRAILING_TEXT = ("ignore", "error")
+
+    def __init__(self, trailing_text: str = "ignore") -> None:
+        if trailing_text not in self.TRAILING_TEXT:
+            raise ConfigError(f"trailing_text must be one of {self.TRAILING_TEXT}, got {trailing_text!r}")
+        self.trailing_text = trailing_text
 
     def parse(self, text: str) -> ParsedReply:
         """Return the calls, errors and remaining prose of ``text``."""
@@ -183,6 +202,10 @@ class HermesToolCallParser:
             prose.append(text[pos:open_at])
             body_start = open_at + len(OPEN_TAG)
             pos = self._parse_one(text, body_start, items)
+        trailing = prose[-1].strip()
+        if self.trailing_text == "error" and items and trailing:
+            message = f"text after </tool_call> ({trailing[:40]!r}); a reply that calls a tool ends with </tool_call>"
+            items = [ToolCallError(message, trailing)]
         calls = tuple(i for i in items if isinstance(i, ToolCall))
         errors = tuple(i for i in items if isinstance(i, ToolCallError))
         return ParsedReply(calls, errors, "".join(prose).strip(), tuple(items))

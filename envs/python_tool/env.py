@@ -52,6 +52,10 @@ class PythonToolEnv(Env[str, str]):
         tool_parser: Tool-call parser, or the name of a registered one (``"qwen3"``, ``"llama3_json"``,
             ... :data:`agentenv.tool_calls.TOOL_PARSERS`; ``parser_for_template`` names the one a chat
             template implies); default :class:`~agentenv.tool_calls.HermesToolCallParser`.
+        trailing_text: What the default parser does with text after a reply's last ``</tool_call>``:
+            ``"ignore"`` it (default) or make the reply one malformed call (``"error"``; the CPU
+            recipe's choice, see :class:`~agentenv.tool_calls.HermesToolCallParser`). Only with the
+            hermes parser built from a name (``None``, ``"hermes"``, ``"qwen25"``).
         problems: An explicit problem list; overrides ``dataset``.
         max_problem_chars: Keep only problems at most this many characters long (None keeps all),
             in their order; e.g. short "Compute ..." problems a 135M model can turn into one expression.
@@ -66,7 +70,8 @@ class PythonToolEnv(Env[str, str]):
 
     Raises:
         ConfigError: ``max_turns < 1``, an empty ``problems`` list, ``max_problem_chars`` leaving
-            no problem, or an unknown ``tool_parser`` name.
+            no problem, an unknown ``tool_parser`` name, or ``trailing_text`` other than ``"ignore"``
+            with a parser instance or a non-hermes parser.
         DataError: Unknown data set or missing file.
     """
 
@@ -93,6 +98,7 @@ class PythonToolEnv(Env[str, str]):
         max_output_chars: int = 4096,
         data_root: str | None = None,
         max_problem_chars: int | None = None,
+        trailing_text: str = "ignore",
     ) -> None:
         if max_turns < 1:
             raise ConfigError(f"max_turns must be >= 1, got {max_turns}")
@@ -116,9 +122,15 @@ class PythonToolEnv(Env[str, str]):
         self._pool = sandbox_pool
         self._own_pool = sandbox_pool is None
         self._pool_size = pool_size
-        if isinstance(tool_parser, str):
-            tool_parser = get_tool_parser(tool_parser)  # ConfigError for an unknown name
-        self.parser = tool_parser or HermesToolCallParser()
+        given = tool_parser
+        if tool_parser is None or isinstance(tool_parser, str):
+            tool_parser = get_tool_parser(tool_parser or "hermes")  # ConfigError for an unknown name
+        if trailing_text != "ignore":
+            if type(tool_parser) is not HermesToolCallParser or not (given is None or isinstance(given, str)):
+                raise ConfigError(f"trailing_text={trailing_text!r} applies to the hermes parser built here only; "
+                                  f"tool_parser {given!r} was given")
+            tool_parser = HermesToolCallParser(trailing_text)
+        self.parser = tool_parser
         self.grade_timeout_s = grade_timeout_s
         self._grader = grader
         self.max_output_chars = max_output_chars
