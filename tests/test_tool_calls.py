@@ -128,3 +128,37 @@ def test_items_keep_reply_order() -> None:
     kinds = [type(i).__name__ for i in r.items]
     assert kinds == ["ToolCall", "ToolCallError", "ToolCall"]
     assert [c.name for c in r.calls] == ["a", "b"] and len(r.errors) == 1
+
+
+_CALL = '<tool_call>\n{"name": "python", "arguments": {"code": "print(1)"}}\n</tool_call>'
+
+
+def test_trailing_text_is_ignored_by_default_and_kept_as_content() -> None:
+    r = P.parse(_CALL + '"')
+    assert r.calls == (ToolCall("python", {"code": "print(1)"}),) and r.errors == ()
+    assert r.content == '"'
+
+
+def test_trailing_text_error_makes_the_reply_one_malformed_call() -> None:
+    strict = HermesToolCallParser(trailing_text="error")
+    for tail in ('"', " ok", '\n<|im_end|>x'):
+        r = strict.parse(_CALL + tail)
+        assert r.calls == () and len(r.errors) == 1 and r.attempted
+        assert r.errors[0].message.startswith("text after </tool_call>")
+        assert r.errors[0].raw == tail.strip()
+    # whitespace after the tag, prose before it, and two calls in a row stay well-formed
+    assert len(strict.parse(_CALL + "\n  ").calls) == 1
+    assert strict.parse("Let me compute.\n" + _CALL).calls == (ToolCall("python", {"code": "print(1)"}),)
+    assert len(strict.parse(_CALL + "\n" + _CALL).calls) == 2
+    # a reply without any call is the answer, whatever it ends with
+    r = strict.parse("The answer is \\boxed{2}.")
+    assert not r.attempted and r.content == "The answer is \\boxed{2}."
+
+
+def test_trailing_text_setting_is_checked() -> None:
+    import pytest
+
+    from agentenv.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="trailing_text"):
+        HermesToolCallParser(trailing_text="penalise")

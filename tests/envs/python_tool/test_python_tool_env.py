@@ -177,6 +177,37 @@ async def test_bad_calls_are_error_observations(grader) -> None:
     assert pool.handed[0].codes == ["print(0)"]  # no bad call reached the sandbox
 
 
+async def test_trailing_text_error_runs_no_call_and_says_why(grader) -> None:
+    env, pool = make_env(grader, trailing_text="error")
+    await env.reset(options={"index": 0})
+    r = await env.step(call("print(1)") + '"')
+    assert r.observation.startswith("error: malformed tool call: text after </tool_call> (\'\"\')")
+    assert r.info["tool_errors"] == 1 and r.info["tool_calls"] == 0
+    assert not pool.handed or pool.handed[0].codes == []  # the call did not run
+    r = await env.step(call("print(2)"))  # the next, clean call runs
+    assert "status: ok" in r.observation and pool.handed[0].codes == ["print(2)"]
+
+
+async def test_trailing_text_default_ignores_the_tail(grader) -> None:
+    env, pool = make_env(grader)
+    await env.reset(options={"index": 0})
+    r = await env.step(call("print(1)") + '"')
+    assert r.observation.startswith("status: ok") and pool.handed[0].codes == ["print(1)"]
+
+
+def test_trailing_text_needs_the_hermes_parser_built_here(grader) -> None:
+    from agentenv.tool_calls import HermesToolCallParser
+
+    env, _ = make_env(grader, trailing_text="error", tool_parser="qwen25")
+    assert env.parser.trailing_text == "error"
+    with pytest.raises(ConfigError, match="trailing_text"):
+        make_env(grader, trailing_text="error", tool_parser="llama3_json")
+    with pytest.raises(ConfigError, match="trailing_text"):
+        make_env(grader, trailing_text="error", tool_parser=HermesToolCallParser())
+    with pytest.raises(ConfigError, match="trailing_text"):
+        make_env(grader, trailing_text="nope")
+
+
 async def test_shared_pool_is_not_closed_and_close_is_idempotent(grader) -> None:
     env, pool = make_env(grader)
     await env.reset(options={"index": 0})
