@@ -108,3 +108,42 @@ def test_every_gate_trains_under_the_lag_and_logs_its_admission(tmp_path, monkey
     assert [r["learner/admitted_token_fraction"] for r in rows] == [share] * 3
     assert [r["learner/admitted_fraction"] for r in rows] == [share] * 3
     assert [r["learner/kept_tokens"] > 0 for r in rows] == [share > 0] * 3
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_an_engine_rebuilt_under_the_lag_serves_the_lagged_weights(tmp_path, monkeypatch):
+    from agentenv.faults import FAULTS, reset_fault_points
+
+    batches = record_learner_batches(monkeypatch)
+    rebuilds: list[tuple[int, int]] = []  # (version the rebuilt engine got, learner version then)
+    real_rebuild = recipe.rebuild_from_learner
+
+    async def rebuild(dead, source, build):
+        # under the learner lock: no update runs, so the learner's version is the number of batches so far
+        rebuilds.append((source.version, len(batches)))
+        return await real_rebuild(dead, source, build)
+
+    monkeypatch.setattr(recipe, "rebuild_from_learner", rebuild)
+    monkeypatch.setattr(setup, "load_policy", lambda cfg, **_: (tiny_lm(), None, CharRenderer()))
+    monkeypatch.setattr(setup, "env_factory", lambda cfg, *_: CountdownEnv)  # and the real TransformersEngine
+    reset_fault_points()
+    # its decode thread dies mid-run: each update takes 4 episodes of 6 decode steps (4 rows per step) and
+    # at most 12 episodes come before the first one, so decode step 50 falls after update 5 and before 10
+    monkeypatch.setenv("AGENTENV_FAULT", "engine.decode:50")
+    cfg, _ = recipe.parse_args(["--run-dir", str(tmp_path / "run"), *OVERRIDES, "--updates", "10",
+                                "staleness.policy=none", f"staleness.forced_lag={K}",
+                                "optim.step_on_zero_gradient=true", "model.max_batch_size=4"])
+    run_dir = recipe.prepare_run_dir(cfg, resume=False, overwrite=False)
+    try:
+        summary = asyncio.run(asyncio.wait_for(recipe.train(cfg, run_dir), 100))
+    finally:
+        reset_fault_points()
+    assert summary["updates"] == 10
+    (event,) = [e for e in FAULTS.events if e[0] == "engine_rebuilds"]
+    # rebuilt with the weights the dead engine served (v - k, or v - k - 1 when the rebuild came between an
+    # update and its snapshot's push), not the learner's v; and the lag held for every batch after it
+    ((given, learner_at),) = rebuilds
+    assert learner_at > K + 1 and given == event[3]["version"] and learner_at - K - 1 <= given <= learner_at - K
+    for j, batch in enumerate(batches):
+        assert max(s.version for t in batch for s in t.segments) <= max(0, j - K)
