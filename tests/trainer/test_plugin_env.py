@@ -69,11 +69,12 @@ def test_train_a_plugin_env_without_a_recipe(guess_number, tmp_path, monkeypatch
 def check_two_update_guess_number_run(run, env: dict) -> dict:
     """Assert what a 2-update GuessNumber(high=3) run with 3 held-out tasks left in ``run``; return its config.
 
-    ``config.yaml`` holds ``env``; 2 updates, no failed episode, 8 trajectories of the 3 secrets
-    consumed; held-out reports of the 3 tasks at versions 0 and 2, no errors; not interrupted.
+    ``config.yaml`` holds ``env`` (with the default ``step_latency``, off, unless ``env`` names one);
+    2 updates, no failed episode, 8 trajectories of the 3 secrets consumed; held-out reports of the 3
+    tasks at versions 0 and 2, no errors; not interrupted.
     """
     cfg = yaml.safe_load((run / "config.yaml").read_text())
-    assert cfg["env"] == env
+    assert cfg["env"] == {"step_latency": {"median_s": 0.0, "sigma": 0.0}, **env}
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["update"] for r in rows] == [1, 2] and all(r["episodes/errors"] == 0 for r in rows)
     consumed = [json.loads(line) for line in (run / "staleness.jsonl").read_text().splitlines()]
