@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["BASE_OVERRIDES", "BASE_RECIPE", "FIGURES", "QUICK_OVERRIDES", "STUDIES", "Setting", "Study"]
+__all__ = ["BASE_OVERRIDES", "BASE_RECIPE", "FIGURES", "QUICK_OVERRIDES", "STUDIES", "WALL_CLOCK_S", "Setting", "Study"]
 
 #: The task every study trains on: the CPU default on integer-expression problems.
 BASE_RECIPE = "python_tool_cpu"
@@ -23,6 +23,10 @@ QUICK_OVERRIDES = ("warmup.steps=1", "run.batch_size=4", "run.concurrency=4", "r
                    "env.kwargs.sandbox_backend=process", "eval.problems=4", "eval.concurrency=4",
                    "optim.step_on_zero_gradient=true")
 QUICK_UPDATES = 2
+#: The wall-clock studies' budget per setting (training-loop seconds): 12 updates of the default
+#: recipe take 8-10 minutes on the idle 2-core VM, so 10 minutes gives sync and async about a dozen
+#: each, and the two studies' ten settings 100 minutes.
+WALL_CLOCK_S = 600.0
 QUICK_SECONDS = 90.0
 
 #: Table column -> what it is (study.md's legend). Rates get a 95% interval.
@@ -121,13 +125,14 @@ STUDIES: dict[str, Study] = {s.name: s for s in (
           "At equal wall-clock PACE beats unfiltered async and matches sync in less time",
           _WALL_CLOCK_SETTINGS, ("reward_last5", "gs_mean", "ws_mean", "rejection_rate"),
           # a stopped run skips its held-out evaluation: the figures are the training ones
-          seconds=1800.0, extra=("eval.problems=0",)),
+          seconds=WALL_CLOCK_S, extra=("eval.problems=0",)),
     Study("staleness_wall_clock_latency",
           "With long-tailed tool latency (multi-turn tool use) PACE beats both unfiltered async and sync "
           "at equal wall-clock",
           _WALL_CLOCK_SETTINGS, ("reward_last5", "gs_mean", "ws_mean", "rejection_rate"),
           # every tool step waits a lognormal delay: median 2 s, 99th percentile ~20 s, mean 3.3 s
-          seconds=1800.0, extra=("eval.problems=0", "env.step_latency.median_s=2.0", "env.step_latency.sigma=1.0")),
+          seconds=WALL_CLOCK_S,
+          extra=("eval.problems=0", "env.step_latency.median_s=2.0", "env.step_latency.sigma=1.0")),
     Study("entropy_filter",
           "Keeping only the ceil(0.9 T) highest-entropy tokens of failed trajectories against no filter",
           (_s("no_filter", "optim.entropy_keep_fraction=null"),

@@ -9,7 +9,7 @@ import math
 import pytest
 
 from agentenv.errors import ConfigError, DataError, RunFolderError
-from agentenv.trainer.studies import STUDIES, Setting, Study
+from agentenv.trainer.studies import STUDIES, WALL_CLOCK_S, Setting, Study
 from agentenv.trainer.study import (
     get_study,
     list_studies,
@@ -120,7 +120,7 @@ def test_every_runnable_study_builds_valid_configs_with_equal_budgets(tmp_path):
             ("async", "pace", "token_share"), ("async", "pace", "scoring")]
         assert {(c.env.step_latency.median_s, c.env.step_latency.sigma, c.eval.problems) for _, c in wall} == {
             (*latency, 0)}
-        assert STUDIES[name].seconds == 1800.0
+        assert STUDIES[name].seconds == WALL_CLOCK_S == 600.0
     quick = setting_configs(STUDIES["entropy_filter"], tmp_path, quick=True)
     assert [c.optim.entropy_keep_fraction for _, c in quick] == [None, 0.9]
     assert {(c.run.updates, c.run.batch_size, c.eval.problems) for _, c in quick} == {(2, 4, 4)}
@@ -175,7 +175,7 @@ def test_the_wall_clock_budget_stops_a_setting_and_is_not_a_user_stop(monkeypatc
     monkeypatch.setattr(recipe, "train", fake_train)
     assert asyncio.run(study._train_setting(None, None, resume=True, seconds=0.2)) is False
     assert seen["resume"] is True and 0.15 < seen["waited"] < 2
-    assert study.budget(STUDIES["staleness_wall_clock"], quick=False) == (study.WALL_CLOCK_UPDATES, 1800.0)
+    assert study.budget(STUDIES["staleness_wall_clock"], quick=False) == (study.WALL_CLOCK_UPDATES, 600.0)
     assert study.budget(STUDIES["signed_feedback"], quick=True) == (2, None)
 
 
