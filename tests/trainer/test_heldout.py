@@ -71,7 +71,8 @@ async def test_success_rate_counts_exactly_the_correct_answers():
 
 async def test_the_default_recipe_holds_out_200_procedural_tasks_disjoint_from_training():
     cfg, _ = parse_args([])
-    assert cfg.env.kwargs == {"dataset": "tool_expr_train", "max_turns": 2, "sandbox_backend": "auto"}
+    assert cfg.env.kwargs == {"dataset": "tool_expr_train", "max_turns": 2, "sandbox_backend": "auto",
+                              "trailing_text": "error"}
     assert (cfg.env.eval_kwargs, cfg.eval.problems) == ({"dataset": "tool_expr_eval"}, 200)
     _, tasks = await held_out_tasks(cfg)
     held = {p.id: p.problem for p in load_math("tool_expr_eval")}
