@@ -587,13 +587,10 @@ def flash_reinforce_loss(
     )
     zero = torch.zeros((), dtype=dtype, device=lq.device)
     gate_tokens = None  # (b, t) the token gate's m_it; None: every policy token of an admitted row
-    if admitted is None:
-        if gate == "sequence":
-            d, admitted = bernoulli_kl_gate(lq, lp, mask, delta)
-        else:
-            decision = trust_gate(lq, lp, mask, delta, gate)
-            d, admitted = decision.d, decision.rows
-            gate_tokens = decision.tokens if gate == "token" else None
+    if admitted is None:  # trust_gate's sequence branch is bernoulli_kl_gate itself
+        decision = trust_gate(lq, lp, mask, delta, gate)
+        d, admitted = decision.d, decision.rows
+        gate_tokens = decision.tokens if gate == "token" else None
     else:
         admitted = admitted.to(device=lq.device, dtype=torch.bool).reshape(-1)
         if admitted.numel() != mask.shape[0]:
