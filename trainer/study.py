@@ -37,10 +37,10 @@ from agentenv.trainer.studies import (
     Setting,
     Study,
 )
+from agentenv.trainer.study_share import MARKER, before_key, copy_finished, find_before, find_finished, setting_key
 
 __all__ = ["get_study", "main", "run_study", "setting_configs", "study_row", "wilson_interval"]
 
-MARKER = "study_setting.json"
 #: Updates a wall-clock setting may take at most (its budget is seconds).
 WALL_CLOCK_UPDATES = 100_000
 
@@ -139,9 +139,12 @@ def check_folder(root: Path, study: Study, *, quick: bool, resume: bool) -> None
 
 
 def run_study(name: str, root: Path, *, quick: bool = False, resume: bool = False, overrides: Sequence[str] = (),
-              log: Callable[[str], None] = lambda m: print(m, file=sys.stderr)) -> dict[str, Any]:
+              share: bool = True, log: Callable[[str], None] = lambda m: print(m, file=sys.stderr)) -> dict[str, Any]:
     """Run (or continue) study ``name`` in ``root``; write study.md, study.json and plots; return study.json's content.
 
+    With ``share`` (the default) a setting identical to a finished one in a study folder beside ``root``
+    is copied from it, and a setting's "before" held-out evaluation is copied from a run that starts
+    from the same policy (:mod:`agentenv.trainer.study_share`); the copies say where they came from.
     ``interrupted`` in the result is True when Ctrl-C stopped a setting (the table then has the
     settings that finished).
 
@@ -149,8 +152,6 @@ def run_study(name: str, root: Path, *, quick: bool = False, resume: bool = Fals
         ConfigError: unknown or not-runnable study, a setting that cannot apply (before anything runs).
         RunFolderError: see :func:`check_folder`.
     """
-    from agentenv.trainer.recipe import prepare_run_dir
-
     study = get_study(name)
     configs = setting_configs(study, root, quick=quick, overrides=overrides)
     check_folder(root, study, quick=quick, resume=resume)
@@ -163,22 +164,30 @@ def run_study(name: str, root: Path, *, quick: bool = False, resume: bool = Fals
     for i, (setting, cfg) in enumerate(configs, 1):
         run_dir = root / setting.name
         head = f"[study {study.name}] {i}/{len(configs)} {setting.name}"
+        key = setting_key(cfg, seconds)
+        partial = (run_dir / "config.yaml").is_file()
+        same = find_finished(root.parent, key, exclude=run_dir) if share and not partial else None
         if (run_dir / MARKER).is_file():
             log(f"{head}: finished before, kept")
+        elif same is not None:
+            copy_finished(same, run_dir)
+            _write_json(run_dir / MARKER, {"study": study.name, "setting": setting.name, "finished": True,
+                                           "key": key, "shared_from": _relative(same, root.parent)})
+            log(f"{head}: the same config and budget as {same}, which finished: copied, not rerun")
         else:
-            partial = (run_dir / "config.yaml").is_file()
+            if not partial:
+                _start_setting(cfg, run_dir, root.parent if share else None, log=log, head=head)
             left = seconds
             if seconds is not None and partial and (run_dir / "summary.json").is_file():
                 left = max(0.0, seconds - json.loads((run_dir / "summary.json").read_text())["wall_clock_s"])
-            if not partial:
-                prepare_run_dir(cfg, resume=False, overwrite=False)
             log(f"{head}: {'resuming' if partial else 'training'} "
                 + (f"for {left:.0f} s" if left is not None else f"to {cfg.run.updates} updates"))
             if asyncio.run(_train_setting(cfg, run_dir, resume=partial, seconds=left)):
                 log(f"{head}: stopped; run the same command with --resume to continue")
                 result["interrupted"] = True
                 break
-            _write_json(run_dir / MARKER, {"study": study.name, "setting": setting.name, "finished": True})
+            _write_json(run_dir / MARKER, {"study": study.name, "setting": setting.name, "finished": True,
+                                           "key": key})
         row = study_row(study, setting.name, run_dir)
         log(f"{head}: " + ", ".join(f"{k}={_cell(row, k)}" for k in (*study.figures, "updates", "rollouts")))
         result["rows"].append(row)
@@ -188,6 +197,29 @@ def run_study(name: str, root: Path, *, quick: bool = False, resume: bool = Fals
         (root / "study.md").write_text(study_markdown(study, result))
     _write_json(root / "study.json", result)
     return result
+
+
+def _relative(path: Path, parent: Path) -> str:
+    return str(path.resolve().relative_to(parent.resolve()))
+
+
+def _start_setting(cfg: TrainConfig, run_dir: Path, share_in: Path | None, *, log: Callable[[str], None],
+                   head: str) -> None:
+    """Make a fresh run folder (a folder with no ``config.yaml`` holds no run).
+
+    With ``share_in``, copy the "before" evaluation of a run under it that starts from the same policy
+    (marked ``shared_from``).
+    """
+    from agentenv.trainer.recipe import prepare_run_dir
+
+    prepare_run_dir(cfg, resume=False, overwrite=True)
+    source = find_before(share_in, cfg, exclude=run_dir) if share_in is not None and cfg.eval.problems else None
+    if source is not None:
+        report = json.loads((source / "eval_before.json").read_text())
+        report["shared_from"] = _relative(source, share_in)
+        _write_json(run_dir / "eval_before.json", report)
+        log(f"{head}: held-out 'before' evaluation ({report['success_rate']:.3f}) copied from {source}: the same "
+            f"model, warm-up, rollout budgets, env and evaluation (key {before_key(cfg)})")
 
 
 async def _train_setting(cfg: TrainConfig, run_dir: Path, *, resume: bool, seconds: float | None) -> bool:
@@ -252,8 +284,13 @@ def study_row(study: Study, setting: str, run_dir: Path) -> dict[str, Any]:
                                   if report else None)
         else:
             row[key] = values[key]
-    row.update(wall_clock_s=round(summary["wall_clock_s"], 1), train_s=base["train_s"], updates=summary["updates"],
+    # a copied "before" evaluation is counted at its measured seconds, so that wall-clocks compare
+    shared_before = (evals.get("before") or {}).get("shared_from")
+    wall = summary["wall_clock_s"] + (evals["before"]["seconds"] if shared_before else 0.0)
+    row.update(wall_clock_s=round(wall, 1), train_s=base["train_s"], updates=summary["updates"],
                rollouts=len(read_jsonl(run_dir / "staleness.jsonl")))
+    marker = json.loads((run_dir / MARKER).read_text()) if (run_dir / MARKER).is_file() else {}
+    row.update(shared_from=marker.get("shared_from"), before_shared_from=shared_before)
     return row
 
 
@@ -289,8 +326,15 @@ def study_markdown(study: Study, result: dict[str, Any]) -> str:
              "of updates; a claim that does not show here is not refuted, and one that shows is not confirmed "
              "beyond this scale.", "", table(study, result["rows"]), "",
              "Columns: " + "; ".join(f"`{k}`: {FIGURES[k]}" for k in study.figures)
-             + "; `wall_clock_s`: the whole run (model load, evaluations); `train_s`: the update loop; "
+             + "; `wall_clock_s`: the whole run (model load, warm-up, evaluations); `train_s`: the update loop; "
                "`rollouts`: trajectories trained on.", ""]
+    shared = [f"`{r['setting']}` is the run `{r['shared_from']}` (the same config and budget), copied: one run, "
+              "shown in both studies" for r in result["rows"] if r.get("shared_from")]
+    shared += [f"`{r['setting']}`'s before-evaluation is `{r['before_shared_from']}`'s (the same model, warm-up, "
+               "env and greedy evaluation; counted in its `wall_clock_s`)" for r in result["rows"]
+               if r.get("before_shared_from") and not r.get("shared_from")]
+    if shared:
+        lines += ["Shared, not rerun: " + "; ".join(shared) + ".", ""]
     if result.get("interrupted"):
         lines += ["Stopped before every setting finished: `agentenv study ... --resume` continues.", ""]
     lines += [f"![{p}]({p})" for p in result.get("plots", [])]
@@ -360,19 +404,34 @@ def main(argv: list[str] | None = None) -> int:
         prog="agentenv study", description="Run the settings of one study of the papers' claims on the same task "
         "with equal budgets; write one run folder per setting, study.md, study.json and plots.",
         epilog="Studies:\n" + list_studies(), formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("name", help="the study (see below)")
+    ap.add_argument("name", help="the study (see below), or 'all': every runnable study, one after the other, "
+                    "in folders under --run-dir (default runs/study), sharing what is the same")
     ap.add_argument("--quick", action="store_true", help="two settings, a couple of updates, 4 held-out problems")
     ap.add_argument("--run-dir", help="study folder (default: runs/study/NAME, or NAME-quick)")
-    ap.add_argument("--resume", action="store_true", help="continue a stopped study; finished settings are kept")
+    ap.add_argument("--resume", action="store_true", help="continue a stopped study (with 'all': every study "
+                    "started before, and start the others); finished settings are kept")
+    ap.add_argument("--no-share", action="store_true", help="run every setting afresh: copy neither a finished "
+                    "identical setting nor the 'before' evaluation from the study folders beside --run-dir")
     ap.add_argument("overrides", nargs="*", help="section.field=value overrides for every setting")
     args = ap.parse_intermixed_args(argv)
-    root = Path(args.run_dir or f"runs/study/{args.name}{'-quick' if args.quick else ''}")
-    try:
-        result = run_study(args.name, root, quick=args.quick, resume=args.resume, overrides=args.overrides)
-    except AgentEnvError as exc:
-        print(f"agentenv study: {exc}", file=sys.stderr)
-        return 2
-    if result["rows"]:
-        print(table(STUDIES[args.name], result["rows"]))
-        print(f"agentenv study: {root / 'study.md'}", file=sys.stderr)
-    return 130 if result["interrupted"] else 0
+    suffix = "-quick" if args.quick else ""
+    if args.name == "all":
+        base = Path(args.run_dir or "runs/study")
+        plan = [(name, base / f"{name}{suffix}") for name, s in STUDIES.items() if not s.not_runnable]
+    else:
+        plan = [(args.name, Path(args.run_dir or f"runs/study/{args.name}{suffix}"))]
+    for name, root in plan:
+        resume = args.resume and (len(plan) == 1 or (root / "study.json").is_file())
+        try:
+            result = run_study(name, root, quick=args.quick, resume=resume, overrides=args.overrides,
+                               share=not args.no_share)
+        except AgentEnvError as exc:
+            print(f"agentenv study: {exc}", file=sys.stderr)
+            return 2
+        if result["rows"]:
+            print(f"## {name}\n" if len(plan) > 1 else "", end="")
+            print(table(STUDIES[name], result["rows"]))
+            print(f"agentenv study: {root / 'study.md'}", file=sys.stderr)
+        if result["interrupted"]:
+            return 130
+    return 0

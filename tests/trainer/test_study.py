@@ -61,7 +61,8 @@ def test_row_and_table_from_run_folders(tmp_path):
     lo, hi = wilson_interval(4, 8)
     assert row == {"setting": "a", "tool_calls": 1.0, "success_after": 0.5,
                    "success_after_ci95": [round(lo, 4), round(hi, 4)], "tool_calls_after": 0.5,
-                   "reward_last5": 0.5, "wall_clock_s": 61.3, "train_s": 30.0, "updates": 3, "rollouts": 12}
+                   "reward_last5": 0.5, "wall_clock_s": 61.3, "train_s": 30.0, "updates": 3, "rollouts": 12,
+                   "shared_from": None, "before_shared_from": None}
     md = table(study, [row, study_row(study, "b", tmp_path / "b")]).splitlines()
     assert md[0] == ("| setting | tool_calls | success_after | tool_calls_after | reward_last5 | wall_clock_s "
                      "| train_s | updates | rollouts |")
@@ -179,6 +180,65 @@ def test_the_wall_clock_budget_stops_a_setting_and_is_not_a_user_stop(monkeypatc
     assert study.budget(STUDIES["signed_feedback"], quick=True) == (2, None)
 
 
+def _finished_setting(run, cfg, seconds=None, *, success=0.5):
+    """A hand-written finished setting with ``cfg``'s config.yaml and key (and a checkpoint folder)."""
+    import yaml
+
+    from agentenv.configio import to_dict
+    from agentenv.trainer.study_share import setting_key
+
+    _fake_setting(run, success, (1.0, 1.0, 0.0))
+    (run / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg)))
+    (run / "checkpoints").mkdir()
+    (run / "checkpoints" / "weights.bin").write_bytes(b"0" * 64)
+    (run / "study_setting.json").write_text(json.dumps({"finished": True, "key": setting_key(cfg, seconds)}))
+
+
+def test_a_finished_identical_setting_is_copied_from_a_sibling_study_not_rerun(tmp_path):
+    from agentenv.trainer.study_share import find_finished, setting_key
+
+    (_, full), (_, positive) = setting_configs(STUDIES["signed_feedback"], tmp_path / "a", quick=True)
+    _finished_setting(tmp_path / "a" / "full_baseline", full, success=0.625)
+    _finished_setting(tmp_path / "a" / "positive_only", positive, success=0.25)
+    # another budget, another config: not the same experiment
+    assert find_finished(tmp_path, setting_key(full, 90.0), exclude=tmp_path / "b") is None
+    assert find_finished(tmp_path, setting_key(full, None), exclude=tmp_path / "a" / "full_baseline") is None
+    log: list[str] = []
+    result = run_study("signed_feedback", tmp_path / "b", quick=True, log=log.append)  # nothing trains
+    assert [(r["setting"], r["shared_from"], r["success_after"]) for r in result["rows"]] == [
+        ("full_baseline", "a/full_baseline", 0.625), ("positive_only", "a/positive_only", 0.25)]
+    assert not (tmp_path / "b" / "full_baseline" / "checkpoints").exists()  # logs and reports, not weights
+    marker = json.loads((tmp_path / "b" / "positive_only" / "study_setting.json").read_text())
+    assert marker["shared_from"] == "a/positive_only" and marker["key"] == setting_key(positive, None)
+    assert "`full_baseline` is the run `a/full_baseline` (the same config and budget), copied" in (
+        tmp_path / "b" / "study.md").read_text()
+    assert any("1/2 full_baseline: the same config and budget as" in m for m in log)
+    # entropy_filter's no_filter is the same config as full_baseline (the recipe's defaults): copied too
+    (_, no_filter), _ = setting_configs(STUDIES["entropy_filter"], tmp_path / "c", quick=True)
+    found = find_finished(tmp_path, setting_key(no_filter, None), exclude=tmp_path / "c")
+    assert found == tmp_path / "a" / "full_baseline"
+
+
+def test_the_before_evaluation_is_shared_only_from_a_run_that_starts_from_the_same_policy(tmp_path):
+    import dataclasses
+
+    from agentenv.trainer.study_share import before_key, find_before
+
+    (_, full), (_, positive) = setting_configs(STUDIES["signed_feedback"], tmp_path, quick=True)
+    _finished_setting(tmp_path / "s" / "full_baseline", full)
+    assert find_before(tmp_path, positive, exclude=tmp_path / "s" / "positive_only") == tmp_path / "s" / "full_baseline"
+    assert find_before(tmp_path, full, exclude=tmp_path / "s" / "full_baseline") is None  # not itself
+    lag = dataclasses.replace(positive, staleness=dataclasses.replace(positive.staleness, forced_lag=4))
+    assert before_key(lag) == before_key(full)  # what comes after the start does not matter
+    for other in (dataclasses.replace(full, warmup=dataclasses.replace(full.warmup, steps=2)),
+                  dataclasses.replace(full, eval=dataclasses.replace(full.eval, problems=3)),
+                  dataclasses.replace(full, run=dataclasses.replace(full.run, seed=1))):
+        assert before_key(other) != before_key(full)
+        assert find_before(tmp_path, other, exclude=tmp_path / "x") is None
+    (tmp_path / "s" / "full_baseline" / "eval_before.json").write_text('{"success_rate": 0.')  # killed mid-write
+    assert find_before(tmp_path, positive, exclude=tmp_path / "x") is None
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_a_quick_study_writes_real_figures_and_resumes_without_rerunning(tmp_path):
@@ -201,8 +261,15 @@ def test_a_quick_study_writes_real_figures_and_resumes_without_rerunning(tmp_pat
         lo, hi = row["success_after_ci95"]
         assert (lo, hi) == tuple(round(x, 4) for x in wilson_interval(sum(after["outcomes"]), 2))
         assert 0 <= lo <= row["success_after"] <= hi <= 1 and hi - lo > 0.5  # 2 tasks: a wide interval
-        assert row["wall_clock_s"] == round(summary["wall_clock_s"], 1) > 0
         assert (run / "study_setting.json").is_file()
+    # the second setting starts from the same policy: its "before" evaluation is the first one's, copied
+    names = ("full_baseline", "positive_only")
+    first, second = (json.loads((root / s / "eval_before.json").read_text()) for s in names)
+    assert second.pop("shared_from") == "study/full_baseline" and second == first
+    assert [r["before_shared_from"] for r in result["rows"]] == [None, "study/full_baseline"]
+    walls = [json.loads((root / s / "summary.json").read_text())["wall_clock_s"] for s in names]
+    assert [r["wall_clock_s"] for r in result["rows"]] == [round(walls[0], 1), round(walls[1] + first["seconds"], 1)]
+    assert any("2/2 positive_only: held-out 'before' evaluation" in m and "copied from" in m for m in log)
     import yaml
 
     assert yaml.safe_load((root / "positive_only" / "config.yaml").read_text())["optim"]["advantage_clip_negative"]
@@ -226,3 +293,26 @@ def test_a_quick_study_writes_real_figures_and_resumes_without_rerunning(tmp_pat
     assert again["rows"][0] == result["rows"][0]
     assert again["rows"][1]["updates"] == 2 and again["rows"][1]["rollouts"] == 8  # nothing trained twice
     assert not math.isnan(again["rows"][1]["reward_last5"])
+
+
+def test_study_all_runs_every_runnable_study_in_its_folder_and_resumes_only_those_started(tmp_path, monkeypatch):
+    from agentenv.trainer import study
+
+    calls = []
+
+    def fake_run_study(name, root, *, quick, resume, overrides, share):
+        calls.append((name, root, resume, share))
+        return {"rows": [], "interrupted": name == "staleness_wall_clock"}  # Ctrl-C in the fifth study
+
+    monkeypatch.setattr(study, "run_study", fake_run_study)
+    (tmp_path / "signed_feedback").mkdir()
+    (tmp_path / "signed_feedback" / "study.json").write_text("{}")
+    assert main(["all", "--resume", "--run-dir", str(tmp_path), "--no-share"]) == 130
+    assert calls == [("one_vs_group", tmp_path / "one_vs_group", False, False),
+                     ("signed_feedback", tmp_path / "signed_feedback", True, False),
+                     ("sample_vs_token_mean", tmp_path / "sample_vs_token_mean", False, False),
+                     ("gate_under_lag", tmp_path / "gate_under_lag", False, False),
+                     ("staleness_wall_clock", tmp_path / "staleness_wall_clock", False, False)]
+    calls.clear()
+    assert main(["entropy_filter", "--quick", "--resume"]) == 0  # one study: --resume as given
+    assert calls == [("entropy_filter", study.Path("runs/study/entropy_filter-quick"), True, True)]
