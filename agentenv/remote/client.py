@@ -102,6 +102,10 @@ class RemoteEnv(Env[Any, str]):
         self._url: str | None = None
         self._session: str | None = None
         self._steps = 0
+        # sessions this client may have left open on a server (a reset or a close cut short by a
+        # cancellation or a lost answer); closed by the next reset() or close() (_close_leftovers)
+        self._unclosed: dict[str, str] = {}  # session id -> server URL: DELETE sent, no answer read
+        self._unanswered: list[tuple[dict[str, Any], list[str]]] = []  # (reset body, servers it may have reached)
         self._over = False
 
     # -- the Env contract ---------------------------------------------------------------------------
@@ -115,12 +119,17 @@ class RemoteEnv(Env[Any, str]):
         """
         await super().reset(seed=seed)
         await self._end_session()
+        await self._close_leftovers()
         play_seed = seed if seed is not None else int(self.np_random.integers(2**31 - 1))
         turn = _turns.setdefault(self.urls, itertools.count())
         start = next(turn) % len(self.urls)
         order = [self.urls[(start + i) % len(self.urls)] for i in range(len(self.urls))]
         body = {"request_id": uuid.uuid4().hex, "seed": play_seed, "options": dict(options or {})}
-        data, url = await self._call("POST", "/sessions", body, order)
+        maybe: list[str] = []  # servers that may hold this reset's session, its answer unread
+        self._unanswered.append((body, maybe))
+        data, url = await self._call("POST", "/sessions", body, order, unanswered=maybe)
+        if not maybe:
+            self._unanswered.remove((body, maybe))
         _expect(data, {"session": str, "info": dict, "tools": list}, url)
         self._url, self._session, self._steps, self._over = url, data["session"], 0, False
         self.system_prompt = data.get("system_prompt")
@@ -189,6 +198,7 @@ class RemoteEnv(Env[Any, str]):
         """Close the open session (best effort: a dead server is logged, not raised) and the connections."""
         try:
             await self._end_session()
+            await self._close_leftovers()
         finally:
             if self._client is not None and self._loop is _running_loop():
                 await self._client.aclose()
@@ -207,16 +217,24 @@ class RemoteEnv(Env[Any, str]):
             self._loop = loop
         return self._client
 
-    async def _call(self, method: str, path: str, body: dict[str, Any] | None, bases: Sequence[str]
-                    ) -> tuple[dict[str, Any], str]:
-        """One idempotent call, attempt ``i`` sent to ``bases[i % len(bases)]``; returns ``(answer, url)``."""
+    async def _call(self, method: str, path: str, body: dict[str, Any] | None, bases: Sequence[str], *,
+                    unanswered: list[str] | None = None, retries: int | None = None) -> tuple[dict[str, Any], str]:
+        """One idempotent call, attempt ``i`` sent to ``bases[i % len(bases)]``; returns ``(answer, url)``.
+
+        ``unanswered``, if given, holds the servers an attempt went to whose answer was never read (a
+        timeout, a dropped connection, a cancellation while waiting): they may have acted on it.
+        """
         client = self._http()
         last: RemoteEnvError | None = None
-        for attempt in range(self.retries + 1):
+        for attempt in range(self.retries + 1 if retries is None else retries + 1):
             base = bases[attempt % len(bases)]
+            if unanswered is not None and base not in unanswered:
+                unanswered.append(base)
             try:
                 response = await asyncio.wait_for(client.request(method, base + path, json=body),
                                                   self.timeout_s + self.connect_timeout_s)
+                if unanswered is not None:
+                    unanswered.remove(base)  # it answered: it holds the session iff that answer says so
             except (TimeoutError, httpx.TimeoutException) as exc:
                 last = RemoteEnvError(f"{method} {base}{path}: no answer within {self.timeout_s:g} s "
                                       f"({type(exc).__name__})", kind="timeout")
@@ -236,15 +254,42 @@ class RemoteEnv(Env[Any, str]):
 
     async def _end_session(self) -> None:
         session, url, self._session = self._session, self._url, None
-        if session is None or url is None:
-            return
+        if session is not None and url is not None:
+            self._unclosed[session] = url  # until an answer is read (a cancellation leaves it for later)
+            await self._delete(session, url)
+
+    async def _delete(self, session: str, url: str) -> None:
+        """DELETE one session, best effort: a server that fails to answer expires it anyway."""
         try:
             response = await asyncio.wait_for(self._http().delete(f"{url}/sessions/{session}"),
                                               self.connect_timeout_s + 5.0)
             if response.status_code not in (200, 404):
                 logger.warning("closing session %s at %s: HTTP %d", session, url, response.status_code)
-        except (TimeoutError, httpx.HTTPError) as exc:  # the server expires it anyway
+        except (TimeoutError, httpx.HTTPError) as exc:
             logger.info("closing session %s at %s failed (%s); the server will expire it", session, url, exc)
+        self._unclosed.pop(session, None)
+
+    async def _close_leftovers(self) -> None:
+        """Close the sessions a cut-short reset or close may have left open; one attempt each.
+
+        A reset whose answer was never read is sent again with the same ``request_id`` to each server
+        it may have reached: an idempotent repeat returns the session it made (waiting for a reset
+        still running), which is then deleted; a server that never saw it makes one and it is deleted.
+        """
+        unclosed, self._unclosed = self._unclosed, {}
+        unanswered, self._unanswered = self._unanswered, []
+        for session, url in unclosed.items():
+            await self._delete(session, url)
+        for body, bases in unanswered:
+            for base in bases:
+                try:  # bounded like a DELETE, not like a reset: this is clean-up
+                    data, _ = await asyncio.wait_for(self._call("POST", "/sessions", body, [base], retries=0),
+                                                     self.connect_timeout_s + 5.0)
+                except (TimeoutError, RemoteEnvError) as exc:
+                    logger.info("closing a cut-short reset at %s failed (%s); the server will expire it", base, exc)
+                    continue
+                if isinstance(data.get("session"), str):
+                    await self._delete(data["session"], base)
 
     def _describe(self) -> dict[str, Any]:
         key = (self.urls, self.token)

@@ -205,3 +205,41 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+async def test_a_reset_or_close_cut_short_by_a_cancellation_leaves_no_session_open(server):
+    # the collector cancels episodes in flight when a run stops; a reset whose request reached the
+    # server but whose answer was never read left a session open there (seen in CI: health 1, not 0)
+    env = RemoteEnv(GUESS_NUMBER_ID, server.url)
+    client = env._http()
+    real_request = client.request
+    before = sessions(server.url)
+
+    async def sent_then_cancelled(*args, **kwargs):
+        await real_request(*args, **kwargs)  # the server creates the session ...
+        raise asyncio.CancelledError  # ... and the episode is cancelled before the answer is read
+
+    client.request = sent_then_cancelled
+    with pytest.raises(asyncio.CancelledError):
+        await env.reset(seed=1)
+    client.request = real_request
+    assert sessions(server.url) == before + 1
+    await env.close()  # repeats the reset's request_id: the same session comes back, and is deleted
+    assert sessions(server.url) == before
+
+    await env.reset(seed=2)  # a session, then a reset whose DELETE of it is cancelled before it is sent
+    assert sessions(server.url) == before + 1
+    client = env._http()  # close() closed the first client
+    real_delete = client.delete
+
+    async def cancelled(*args, **kwargs):
+        raise asyncio.CancelledError
+
+    client.delete = cancelled
+    with pytest.raises(asyncio.CancelledError):
+        await env.reset(seed=3)
+    client.delete = real_delete
+    await env.reset(seed=4)  # the next reset closes what the cut-short one left, then opens its own
+    assert sessions(server.url) == before + 1
+    await env.close()
+    assert sessions(server.url) == before
