@@ -370,9 +370,7 @@ def bernoulli_kl_gate(
         ConfigError: negative delta. DataError: an empty row.
     """
     _check_delta(delta)
-    d, counts, dtype = _token_kl(logprobs, behaviour_logprobs, mask)
-    d_row = d.sum(dim=1) / counts.to(dtype)
-    d_row = d_row.clamp_min(0.0)
+    _, d_row = _row_kl(logprobs, behaviour_logprobs, mask)
     return d_row, d_row <= delta
 
 
@@ -433,12 +431,19 @@ def trust_gate(
         d_row, rows = bernoulli_kl_gate(logprobs, behaviour_logprobs, mask, delta)
         return GateDecision(d_row, rows, mask & rows.unsqueeze(1))
     _check_delta(delta)
-    d, counts, dtype = _token_kl(logprobs, behaviour_logprobs, mask)
-    d_row = (d.sum(dim=1) / counts.to(dtype)).clamp_min(0.0)
+    d, d_row = _row_kl(logprobs, behaviour_logprobs, mask)
     if gate == "none":
         return GateDecision(d_row, torch.ones_like(d_row, dtype=torch.bool), mask)
     tokens = mask & (d <= delta)
     return GateDecision(d_row, tokens.any(dim=1), tokens)
+
+
+def _row_kl(
+    logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(d, D)``: ``(b, t)`` the terms d_t of :func:`_token_kl` and ``(b,)`` ``D_i = max(0, (1/T_i) sum_t d_t)``."""
+    d, counts, dtype = _token_kl(logprobs, behaviour_logprobs, mask)
+    return d, (d.sum(dim=1) / counts.to(dtype)).clamp_min(0.0)
 
 
 def _token_kl(
