@@ -43,8 +43,9 @@ class PolicyBatch:
         gate_d: ``(b,)`` float32, FlashREINFORCE's gate statistic D_i (nats) when the gate was decided
             from a scoring pass before the training forward (zeros until then; see
             :func:`agentenv.trainer.learner.prepare_batch`).
-        gate_mask: ``(b, t)`` bool, the token-local gate's decision ``m_it`` (``optim.gate: token``)
-            when it was decided from a scoring pass; a copy of ``loss_mask`` until then.
+        gate_mask: ``(b, t)`` bool, the gate's token decision ``m_it`` when it was decided from a
+            scoring pass (``optim.gate``: sequence, the admitted rows' policy tokens; token, each
+            token's own; none, ``loss_mask``); a copy of ``loss_mask`` until then.
         ids: The trajectories' ids, row order.
         global_batch_size: B, rows in the whole fresh batch (kept by every split).
         global_tokens: N, policy tokens in the whole fresh batch (kept by every split).

@@ -37,7 +37,6 @@ from agentenv.trainer.objectives import (
     _check_delta,
     _check_fraction,
     batch_mean_advantages,
-    bernoulli_kl_gate,
     check_gate,
     flash_reinforce_loss,
     group_advantages,
@@ -692,7 +691,7 @@ def prepare_batch(
         ``(batch, admitted)``: advantages ``A_i = R_i - mean R`` over all B rows (GRPO: per group;
         ``max(A_i, 0)`` under ``config.advantage_clip_negative``);
         ``admitted`` is ``(B,)`` bool from the scores (rows that keep any gradient under
-        ``config.gate``), or None; under ``gate: token`` the tokens' decision goes in ``batch.gate_mask``.
+        ``config.gate``), or None; the tokens' decision ``m_it`` goes in ``batch.gate_mask``.
 
     Raises:
         DataError: empty batch, malformed trajectory, scores not matching the trajectories.
@@ -724,13 +723,9 @@ def prepare_batch(
                     f"trajectory {tid}: {s.numel()} scores for {int(batch.lengths[i])} policy tokens"
                 )
             q[i][batch.loss_mask[i]] = s
-        if config.gate == "sequence":
-            d, admitted = bernoulli_kl_gate(q, batch.behaviour_logprobs, batch.loss_mask, config.delta)
-            batch = replace(batch, gate_d=d.float())
-        else:
-            decision = trust_gate(q, batch.behaviour_logprobs, batch.loss_mask, config.delta, config.gate)
-            admitted = decision.rows
-            batch = replace(batch, gate_d=decision.d.float(), gate_mask=decision.tokens)
+        decision = trust_gate(q, batch.behaviour_logprobs, batch.loss_mask, config.delta, config.gate)
+        admitted = decision.rows
+        batch = replace(batch, gate_d=decision.d.float(), gate_mask=decision.tokens)
     return batch, admitted
 
 
