@@ -45,6 +45,9 @@ FIGURES: dict[str, str] = {
     "gs_mean": "mean generation staleness GS of consumed trajectories (versions)",
     "ws_mean": "mean waiting staleness WS of consumed trajectories (versions)",
     "rejection_rate": "rejected / (rejected + consumed) trajectories",
+    "gain": "held-out success after minus before, over the same tasks (paired-bootstrap 95% interval)",
+    "vs_first": "held-out success after minus the first setting's after, over the same tasks "
+                "(paired-bootstrap 95% interval; one that contains 0 shows no difference)",
 }
 
 

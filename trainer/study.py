@@ -25,7 +25,7 @@ from agentenv.configio import apply_overrides, load_config, read_yaml
 from agentenv.errors import AgentEnvError, ConfigError, DataError, RunFolderError
 from agentenv.trainer.compare import markdown_table, summarize
 from agentenv.trainer.config import TrainConfig
-from agentenv.trainer.significance import Z95
+from agentenv.trainer.significance import Z95, paired_bootstrap
 from agentenv.trainer.studies import (
     BASE_OVERRIDES,
     BASE_RECIPE,
@@ -188,8 +188,8 @@ def run_study(name: str, root: Path, *, quick: bool = False, resume: bool = Fals
                 break
             _write_json(run_dir / MARKER, {"study": study.name, "setting": setting.name, "finished": True,
                                            "key": key})
-        row = study_row(study, setting.name, run_dir)
-        log(f"{head}: " + ", ".join(f"{k}={_cell(row, k)}" for k in (*study.figures, "updates", "rollouts")))
+        row = study_row(study, setting.name, run_dir, reference=root / configs[0][0].name if i > 1 else None)
+        log(f"{head}: " + ", ".join(f"{k}={_cell(row, k)}" for k in _columns(study)[1:] if k in row))
         result["rows"].append(row)
     if result["rows"]:
         plots = plot_study(study, root, [r["setting"] for r in result["rows"]], result["rows"])
@@ -249,10 +249,40 @@ def _mean(xs: Sequence[float]) -> float | None:
     return round(statistics.fmean(xs), 4) if xs else None
 
 
-def study_row(study: Study, setting: str, run_dir: Path) -> dict[str, Any]:
+def _paired_outcomes(a: dict[str, Any], b: dict[str, Any], what: str) -> tuple[list[float], list[float]]:
+    """Two evaluations' per-task outcomes in the same task order (by ``task_ids`` where both have them).
+
+    Raises:
+        DataError: the two evaluations are not of the same tasks.
+    """
+    if "task_ids" not in a or "task_ids" not in b:
+        if len(a["outcomes"]) != len(b["outcomes"]):
+            raise DataError(f"{what}: {len(a['outcomes'])} and {len(b['outcomes'])} held-out outcomes cannot be paired")
+        return a["outcomes"], b["outcomes"]
+    by_id = dict(zip(b["task_ids"], b["outcomes"], strict=True))
+    if sorted(by_id) != sorted(a["task_ids"]):
+        raise DataError(f"{what}: the two held-out evaluations are not of the same tasks")
+    return a["outcomes"], [by_id[t] for t in a["task_ids"]]
+
+
+def _paired_delta(before: dict[str, Any], after: dict[str, Any], what: str) -> tuple[float, list[float]]:
+    """``mean(after) - mean(before)`` over the same tasks and its paired-bootstrap 95% interval (rounded)."""
+    iv = paired_bootstrap(*_paired_outcomes(before, after, what))
+    return round(iv.delta, 4), [round(iv.low, 4), round(iv.high, 4)]
+
+
+def study_row(study: Study, setting: str, run_dir: Path, reference: Path | None = None) -> dict[str, Any]:
     """One table row from a setting's run folder: the study's figures, wall-clock, updates, rollouts.
 
-    Rates (``success_*``) come with ``<name>_ci95``, the Wilson interval over the held-out tasks.
+    Rates (``success_*``) come with ``<name>_ci95``, the Wilson interval over the held-out tasks. A
+    study with ``success_after`` also gets two paired differences over the same held-out tasks, each
+    with its paired-bootstrap 95% interval (:func:`agentenv.trainer.significance.paired_bootstrap`;
+    fractions, 0.1 is 10 points): ``gain`` (this setting's after minus its before) and ``vs_first``
+    (this setting's after minus the ``reference`` setting's after; None without a reference). A pair
+    is tighter than the two Wilson intervals side by side, since the same tasks tend to succeed in both.
+
+    Raises:
+        DataError: two evaluations to pair are not of the same tasks.
     """
     from agentenv.trainer.plots import read_jsonl
 
@@ -284,6 +314,14 @@ def study_row(study: Study, setting: str, run_dir: Path) -> dict[str, Any]:
                                   if report else None)
         else:
             row[key] = values[key]
+    if "success_after" in study.figures:
+        after = evals.get("after")
+        row["gain"], row["gain_ci95"] = (_paired_delta(evals["before"], after, str(run_dir))
+                                         if after and "before" in evals else (None, None))
+        ref = reference / "eval_after.json" if reference is not None else None
+        row["vs_first"], row["vs_first_ci95"] = (
+            _paired_delta(json.loads(ref.read_text()), after, f"{run_dir} against {reference}")
+            if after and ref is not None and ref.is_file() else (None, None))
     # a copied "before" evaluation is counted at its measured seconds, so that wall-clocks compare
     shared_before = (evals.get("before") or {}).get("shared_from")
     wall = summary["wall_clock_s"] + (evals["before"]["seconds"] if shared_before else 0.0)
@@ -294,18 +332,35 @@ def study_row(study: Study, setting: str, run_dir: Path) -> dict[str, Any]:
     return row
 
 
+#: Paired differences of held-out success (signed; see :func:`study_row`).
+PAIRED = ("gain", "vs_first")
+
+
 def _cell(row: dict[str, Any], key: str) -> str:
     value = row.get(key)
     if value is None:
         return "n/a"
     ci = row.get(f"{key}_ci95")
+    if ci and key in PAIRED:
+        return f"{value:+.3f} [{ci[0]:+.3f}, {ci[1]:+.3f}]"
     return f"{value:.3f} [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else str(value)
 
 
+def _columns(study: Study) -> list[str]:
+    return ["setting", *study.figures, *(PAIRED if "success_after" in study.figures else ()),
+            "wall_clock_s", "train_s", "updates", "rollouts"]
+
+
 def table(study: Study, rows: list[dict[str, Any]]) -> str:
-    """The rows as Markdown: setting, the study's figures (rates with their interval), wall-clock, updates, rollouts."""
-    cols = ["setting", *study.figures, "wall_clock_s", "train_s", "updates", "rollouts"]
-    return markdown_table([{c: _cell(r, c) for c in cols} for r in rows])
+    """The rows as Markdown: setting, figures, paired differences, wall-clock, updates, rollouts.
+
+    Rates carry their interval; the paired differences appear in studies with held-out success, the
+    first row being the reference.
+    """
+    cells = [{c: _cell(r, c) for c in _columns(study)} for r in rows]
+    if cells and "vs_first" in cells[0]:
+        cells[0]["vs_first"] = "(reference)"
+    return markdown_table(cells)
 
 
 def scale(cfg: TrainConfig, study: Study, quick: bool) -> str:
@@ -325,7 +380,7 @@ def study_markdown(study: Study, result: dict[str, Any]) -> str:
              f"Scale here: {result['scale']}. The papers' models are 10-60x larger and trained for thousands "
              "of updates; a claim that does not show here is not refuted, and one that shows is not confirmed "
              "beyond this scale.", "", table(study, result["rows"]), "",
-             "Columns: " + "; ".join(f"`{k}`: {FIGURES[k]}" for k in study.figures)
+             "Columns: " + "; ".join(f"`{k}`: {FIGURES[k]}" for k in _columns(study) if k in FIGURES)
              + "; `wall_clock_s`: the whole run (model load, warm-up, evaluations); `train_s`: the update loop; "
                "`rollouts`: trajectories trained on.", ""]
     shared = [f"`{r['setting']}` is the run `{r['shared_from']}` (the same config and budget), copied: one run, "

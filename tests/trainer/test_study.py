@@ -9,6 +9,7 @@ import math
 import pytest
 
 from agentenv.errors import ConfigError, DataError, RunFolderError
+from agentenv.trainer.significance import paired_bootstrap
 from agentenv.trainer.studies import STUDIES, WALL_CLOCK_S, Setting, Study
 from agentenv.trainer.study import (
     get_study,
@@ -59,15 +60,48 @@ def test_row_and_table_from_run_folders(tmp_path):
     _fake_setting(tmp_path / "b", 0.875, (0.0, 0.0, 0.5))
     row = study_row(study, "a", tmp_path / "a")
     lo, hi = wilson_interval(4, 8)
+    # before 2 of 8, after 4 of 8, the first tasks succeeding: tasks 2 and 3 go 0 -> 1, a gain of 2/8
+    gain = paired_bootstrap([1, 1, 0, 0, 0, 0, 0, 0], [1, 1, 1, 1, 0, 0, 0, 0])
+    assert gain.delta == 0.25
+    g_ci = [round(gain.low, 4), round(gain.high, 4)]
     assert row == {"setting": "a", "tool_calls": 1.0, "success_after": 0.5,
                    "success_after_ci95": [round(lo, 4), round(hi, 4)], "tool_calls_after": 0.5,
-                   "reward_last5": 0.5, "wall_clock_s": 61.3, "train_s": 30.0, "updates": 3, "rollouts": 12,
+                   "reward_last5": 0.5, "gain": 0.25, "gain_ci95": g_ci, "vs_first": None, "vs_first_ci95": None,
+                   "wall_clock_s": 61.3, "train_s": 30.0, "updates": 3, "rollouts": 12,
                    "shared_from": None, "before_shared_from": None}
-    md = table(study, [row, study_row(study, "b", tmp_path / "b")]).splitlines()
-    assert md[0] == ("| setting | tool_calls | success_after | tool_calls_after | reward_last5 | wall_clock_s "
-                     "| train_s | updates | rollouts |")
-    assert md[2] == f"| a | 1.0 | 0.500 [{lo:.3f}, {hi:.3f}] | 0.5 | 0.5 | 61.3 | 30.0 | 3 | 12 |"
-    assert md[3].startswith("| b | 0.1667 | 0.875 [")
+    row_b = study_row(study, "b", tmp_path / "b", reference=tmp_path / "a")
+    # b's after 7 of 8 against a's after 4 of 8, task by task: tasks 4, 5, 6 go 0 -> 1
+    assert (row_b["gain"], row_b["vs_first"]) == (0.625, 0.375)
+    vs = paired_bootstrap([1, 1, 1, 1, 0, 0, 0, 0], [1, 1, 1, 1, 1, 1, 1, 0])
+    assert row_b["vs_first_ci95"] == [round(vs.low, 4), round(vs.high, 4)] and vs.low > 0
+    md = table(study, [row, row_b]).splitlines()
+    assert md[0] == ("| setting | tool_calls | success_after | tool_calls_after | reward_last5 | gain | vs_first "
+                     "| wall_clock_s | train_s | updates | rollouts |")
+    assert md[2] == (f"| a | 1.0 | 0.500 [{lo:.3f}, {hi:.3f}] | 0.5 | 0.5 | +0.250 [{g_ci[0]:+.3f}, {g_ci[1]:+.3f}] "
+                     "| (reference) | 61.3 | 30.0 | 3 | 12 |")
+    assert md[3].startswith("| b | 0.1667 | 0.875 [") and "| +0.375 [" in md[3]
+
+
+def _write_eval(run, label, task_ids, outcomes):
+    (run / f"eval_{label}.json").write_text(json.dumps({
+        "success_rate": sum(outcomes) / len(outcomes), "task_ids": task_ids, "outcomes": outcomes,
+        "tool_calls_mean": 1.0, "version": 3}))
+
+
+def test_paired_differences_pair_by_task_id_and_refuse_other_tasks(tmp_path):
+    study = STUDIES["entropy_filter"]
+    for name in ("ref", "x"):
+        _fake_setting(tmp_path / name, 0.5, (1.0, 1.0, 1.0))
+    _write_eval(tmp_path / "ref", "after", ["t0", "t1", "t2", "t3"], [1.0, 1.0, 0.0, 0.0])
+    # the same tasks listed in another order: paired by id, t0 and t1 keep succeeding, t2 is gained
+    _write_eval(tmp_path / "x", "after", ["t3", "t2", "t1", "t0"], [0.0, 1.0, 1.0, 1.0])
+    _write_eval(tmp_path / "x", "before", ["t0", "t1", "t2", "t3"], [1.0, 1.0, 1.0, 1.0])
+    row = study_row(study, "x", tmp_path / "x", reference=tmp_path / "ref")
+    assert row["vs_first"] == 0.25 and row["vs_first_ci95"][0] == 0.0  # one task of four: 0 is in the interval
+    assert row["gain"] == -0.25 and row["gain_ci95"][1] == 0.0  # t3 is lost
+    _write_eval(tmp_path / "x", "after", ["t0", "t1", "t2", "u3"], [1.0, 1.0, 1.0, 0.0])
+    with pytest.raises(DataError, match="not of the same tasks"):
+        study_row(study, "x", tmp_path / "x", reference=tmp_path / "ref")
 
 
 def test_the_gate_study_row_reports_the_token_share_and_the_lag(tmp_path):
@@ -264,6 +298,8 @@ def test_a_quick_study_writes_real_figures_and_resumes_without_rerunning(tmp_pat
         assert (run / "study_setting.json").is_file()
     # the second setting starts from the same policy: its "before" evaluation is the first one's, copied
     names = ("full_baseline", "positive_only")
+    rates = [json.loads((root / s / "eval_after.json").read_text())["success_rate"] for s in names]
+    assert result["rows"][0]["vs_first"] is None and result["rows"][1]["vs_first"] == round(rates[1] - rates[0], 4)
     first, second = (json.loads((root / s / "eval_before.json").read_text()) for s in names)
     assert second.pop("shared_from") == "study/full_baseline" and second == first
     assert [r["before_shared_from"] for r in result["rows"]] == [None, "study/full_baseline"]
