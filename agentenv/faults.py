@@ -22,11 +22,13 @@ moment the fault was seen to the moment the replacement was serving); the traini
 
 Injection (tests and ``benchmarks/bench_faults.py``): ``AGENTENV_FAULT=POINT:K[,POINT:K...]`` makes the
 K-th arrival (1-based, counted in this process) at the named :func:`fault_point` raise
-:class:`InjectedFault` (``POINT:*``: every arrival). Unset (the default), a fault point is one
-dictionary lookup. The points:
+:class:`InjectedFault` (``POINT:*``: every arrival). ``POINT:vV`` fires once, at the first arrival
+where the caller serves policy version ``>= V``: a fault placed after the V-th weight update, however
+fast or slow the machine (a count of arrivals is not). Unset (the default), a fault point is one
+environment lookup. The points:
 
 * ``engine.decode``: in the transformers engine's decode thread, before a decode step, outside the
-  step's own error handling: the thread dies (as on a device failure);
+  step's own error handling: the thread dies (as on a device failure); it passes the engine's version;
 * ``python_tool.step``: at the start of ``PythonToolEnv.step`` (the environment crashes).
 
 Sandbox and grader faults are injected from outside, on the real worker processes (``SIGKILL`` a
@@ -51,16 +53,23 @@ class InjectedFault(RuntimeError):
 
 
 _arrivals: dict[str, int] = {}
+_fired: set[tuple[str, str]] = set()  # (point, "vV") entries that fired already (each fires once)
 _arrivals_lock = threading.Lock()
 
 
-def fault_point(name: str) -> None:
+def fault_point(name: str, version: int | None = None) -> None:
     """Raise :class:`InjectedFault` on the arrival ``AGENTENV_FAULT`` names for ``name``; else return.
+
+    Args:
+        name: The point's name (``engine.decode``, ``python_tool.step``).
+        version: The policy version the caller serves now, for ``name:vV`` entries (None: such
+            entries never fire here).
 
     ``name:*`` fires on every arrival; a malformed entry (no ``:K``, ``K`` not a positive integer) never fires.
 
     Raises:
-        InjectedFault: This is the K-th arrival at ``name`` and ``AGENTENV_FAULT`` holds ``name:K``.
+        InjectedFault: This is the K-th arrival at ``name`` and ``AGENTENV_FAULT`` holds ``name:K``, or
+            the first arrival with ``version >= V`` and it holds ``name:vV``.
     """
     spec = os.environ.get("AGENTENV_FAULT")
     if not spec:
@@ -70,14 +79,19 @@ def fault_point(name: str) -> None:
         return
     with _arrivals_lock:
         n = _arrivals[name] = _arrivals.get(name, 0) + 1
-    if any(nth == "*" or (nth.isdigit() and int(nth) == n) for nth in wanted):
-        raise InjectedFault(f"injected fault at {name} {n} (AGENTENV_FAULT={spec})")
+        due = [nth for nth in wanted if version is not None and nth[:1] == "v" and nth[1:].isdigit()
+               and version >= int(nth[1:]) and (name, nth) not in _fired]
+        _fired.update((name, nth) for nth in due)
+    if due or any(nth == "*" or (nth.isdigit() and int(nth) == n) for nth in wanted):
+        at = f"version {version}" if due else str(n)
+        raise InjectedFault(f"injected fault at {name} {at} (AGENTENV_FAULT={spec})")
 
 
 def reset_fault_points() -> None:
-    """Forget the arrivals counted so far (a test that sets ``AGENTENV_FAULT`` anew starts from 1)."""
+    """Forget the arrivals counted and the version entries fired so far (a test that sets ``AGENTENV_FAULT`` anew)."""
     with _arrivals_lock:
         _arrivals.clear()
+        _fired.clear()
 
 
 @dataclass

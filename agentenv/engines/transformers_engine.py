@@ -383,7 +383,7 @@ class TransformersEngine:
                     waiting = [r for r in waiting if not r.cancelled]
                     self._admit(waiting, batch)
                     if batch.rows:
-                        fault_point("engine.decode")  # tests: AGENTENV_FAULT=engine.decode:K kills the thread
+                        fault_point("engine.decode", self._version)  # tests: AGENTENV_FAULT=engine.decode:K (or :vV)
                         self._step(batch)
         except BaseException as exc:  # the thread must not die silently: fail what it holds
             self._fail_all(waiting, batch, EngineDied(f"decode thread died: {exc!r}"))

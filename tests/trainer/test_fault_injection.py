@@ -176,9 +176,9 @@ def bad_rows(batches) -> list:
 
 
 def test_engine_thread_death_rebuilds_from_latest_weights_and_requeues(loop, monkeypatch):
-    # past what the pool (8) and the 4 in flight hold before update 1, so the learner has stepped
-    # (at engine.decode:12 a fast CI run had the fault before the first update and rebuilt at version 0)
-    monkeypatch.setenv("AGENTENV_FAULT", "engine.decode:24")
+    # the first decode step once the engine serves version 1: after the learner's first update, on any machine
+    # (a count of decode steps was not: at engine.decode:12 a fast CI run had the fault before update 1)
+    monkeypatch.setenv("AGENTENV_FAULT", "engine.decode:v1")
     summary, rows, batches = loop(CountdownEnv, "rollout.max_turns=1", "rollout.max_new_tokens_per_turn=6",
                                   "rollout.max_total_tokens=16")
     assert summary["updates"] == UPDATES and not summary["interrupted"]

@@ -128,9 +128,8 @@ def test_an_engine_rebuilt_under_the_lag_serves_the_lagged_weights(tmp_path, mon
     monkeypatch.setattr(setup, "load_policy", lambda cfg, **_: (tiny_lm(), None, CharRenderer()))
     monkeypatch.setattr(setup, "env_factory", lambda cfg, *_: CountdownEnv)  # and the real TransformersEngine
     reset_fault_points()
-    # its decode thread dies mid-run: each update takes 4 episodes of 6 decode steps (4 rows per step) and
-    # at most 12 episodes come before the first one, so decode step 50 falls after update 5 and before 10
-    monkeypatch.setenv("AGENTENV_FAULT", "engine.decode:50")
+    # its decode thread dies mid-run, once it serves version 2: the learner is then at K + 2 (or K + 3)
+    monkeypatch.setenv("AGENTENV_FAULT", "engine.decode:v2")
     cfg, _ = recipe.parse_args(["--run-dir", str(tmp_path / "run"), *OVERRIDES, "--updates", "10",
                                 "staleness.policy=none", f"staleness.forced_lag={K}",
                                 "optim.step_on_zero_gradient=true", "model.max_batch_size=4"])
