@@ -18,6 +18,7 @@ from agentenv.core import Env, has_scripted_demonstrations
 from agentenv.errors import ConfigError
 from agentenv.paths import cache_dir
 from agentenv.registration import make, spec
+from agentenv.rollout import is_token_budget_cut
 from agentenv.step_latency import StepLatency
 from agentenv.trainer.config import TrainConfig
 from agentenv.trajectory import Trajectory
@@ -212,6 +213,7 @@ def consumed_record(traj: Trajectory, version: int) -> dict[str, Any]:
         "gs": traj.generation_staleness(), "ws": traj.waiting_staleness(version),
         "segments": len(traj.segments), "policy_tokens": traj.num_policy_tokens,
         "turns": traj.info.get("turns"), "tool_calls": traj.info.get("tool_calls"),
+        "truncation": traj.info.get("truncation"),
     }
 
 
@@ -234,6 +236,8 @@ def update_metrics(version: int, selection: Any, stats: Any, pool: Any, collecto
     row["reward/mean"] = sum(rewards) / len(rewards)
     row["length/policy_tokens"] = sum(t.num_policy_tokens for t in batch) / len(batch)
     row["length/turns"] = sum(t.info.get("turns", 0) for t in batch) / len(batch)
+    # the share of the batch a token budget ended (per turn, total or context; info["truncation"])
+    row["length/truncated"] = sum(is_token_budget_cut(t) for t in batch) / len(batch)
     row["tools/calls"] = sum(t.info.get("tool_calls", 0) or 0 for t in batch) / len(batch)
     # turns whose observation the chat template could not render as an exact continuation
     row["chat/prefix_violations"] = sum(t.info.get("prefix_violations", 0) for t in batch)

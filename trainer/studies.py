@@ -38,6 +38,7 @@ FIGURES: dict[str, str] = {
     "reward_last5": "training reward, mean of the last 5 updates",
     "reward_std": "standard deviation of the training reward over updates (stability)",
     "response_tokens": "policy tokens per trajectory, mean over updates",
+    "truncated": "share of trajectories a token budget ended (per turn, total or context), mean over updates",
     "admitted": "gate admission rate (mean over updates of learner/admitted_fraction: rows with an admitted token)",
     "admitted_tokens": "share of policy tokens the gate admits (mean over updates of learner/admitted_token_fraction)",
     "mean_d": "mean Bernoulli-KL proxy D over the batch's rows, admitted or not (nats; learner/mean_d)",
@@ -112,10 +113,10 @@ STUDIES: dict[str, Study] = {s.name: s for s in (
           ("tool_calls", "success_after", "tool_calls_after", "reward_last5")),
     Study("sample_vs_token_mean",
           "Sample-mean (each trajectory's tokens over its T_i, then over B) against token-mean (1/N per token): "
-          "response length, tool calls, success (truncation is not logged per batch yet)",
+          "response length, truncation rate, tool calls, success",
           (_s("sample_mean", "optim.loss_aggregation=sample_mean"),
            _s("token_mean", "optim.loss_aggregation=token_mean")),
-          ("response_tokens", "tool_calls", "success_after", "tool_calls_after")),
+          ("response_tokens", "truncated", "tool_calls", "success_after", "tool_calls_after")),
     Study("gate_under_lag",
           "Under a forced policy lag >= 4 the sequence-level gate keeps the train-inference mismatch low "
           "and the reward stable, against a token-local mask and no gate",

@@ -297,6 +297,7 @@ def study_row(study: Study, setting: str, run_dir: Path, reference: Path | None 
         "reward_last5": base["reward_last5"],
         "reward_std": round(statistics.pstdev(rewards), 4) if len(rewards) > 1 else None,
         "response_tokens": _mean([m.get("length/policy_tokens") for m in metrics]),
+        "truncated": _mean([m.get("length/truncated") for m in metrics]),  # runs before it was logged: None
         "admitted": _mean([m.get("learner/admitted_fraction") for m in metrics]),
         "admitted_tokens": _mean([m.get("learner/admitted_token_fraction") for m in metrics]),
         "lag_mean": (round(base["gs_mean"] + base["ws_mean"], 3)

@@ -45,6 +45,7 @@ def _fake_setting(run, success, tools):
     _jsonl(run / "metrics.jsonl", [
         {"update": u, "train/batches": u, "reward/mean": r, "tools/calls": t, "length/policy_tokens": 40 + u,
          "learner/admitted_fraction": 1.0, "learner/admitted_token_fraction": 0.4 + u / 10, "learner/mean_d": 0.01,
+         "length/truncated": u / 4,
          "pool/rejected": 0, "engine/busy_share": 0.5}
         for u, r, t in zip((1, 2, 3), (0.25, 0.5, 0.75), tools, strict=True)])
     _jsonl(run / "staleness.jsonl", [{"gs": 0, "ws": 1}] * 12)
@@ -112,6 +113,18 @@ def test_the_gate_study_row_reports_the_token_share_and_the_lag(tmp_path):
         0.01, 0.2041, 1.0, 0.6, 1.0]
     assert list(row)[:7] == ["setting", "mean_d", "reward_std", "admitted", "admitted_tokens", "lag_mean",
                              "success_after"]
+
+
+def test_the_length_study_reports_the_truncated_share_and_n_a_for_runs_that_did_not_log_it(tmp_path):
+    study = STUDIES["sample_vs_token_mean"]
+    _fake_setting(tmp_path / "a", 0.5, (1.0, 1.0, 1.0))
+    row = study_row(study, "a", tmp_path / "a")
+    assert (row["response_tokens"], row["truncated"]) == (42.0, 0.5)  # 41, 42, 43 tokens; 1/4, 2/4, 3/4 cut
+    lines = (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()
+    _jsonl(tmp_path / "a" / "metrics.jsonl", [{k: v for k, v in json.loads(x).items() if k != "length/truncated"}
+                                             for x in lines])
+    row = study_row(study, "a", tmp_path / "a")
+    assert row["truncated"] is None and "| n/a |" in table(study, [row])
 
 
 def test_a_run_without_held_out_evaluation_says_n_a(tmp_path):

@@ -1,0 +1,34 @@
+"""``setup.update_metrics`` and ``setup.consumed_record``: the per-batch figures from hand-made trajectories."""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from agentenv.trainer import setup
+
+from .conftest import make_trajectories
+
+
+def _row(batch):
+    selection = SimpleNamespace(batch=batch, decision=SimpleNamespace(occupancy=0.5, rejected_count=1, rate=0.25))
+    stats = SimpleNamespace(to_dict=lambda: {"loss": 0.1})
+    collector = SimpleNamespace(episodes_finished=9, errors=0, report_counts=lambda: {"failed": 0})
+    return setup.update_metrics(3, selection, stats, [], collector, 0.5, 1.5, time.time(), consumed_at=2)
+
+
+def test_the_truncated_share_counts_token_budget_endings_only():
+    batch = make_trajectories(4)
+    # a token budget (per turn, total), the environment's own truncation (not a budget), and none
+    for traj, ending in zip(batch, ("max_total_tokens", "max_new_tokens_per_turn", "env", None), strict=True):
+        traj.info.update(truncation=ending, turns=2, tool_calls=1)
+    row = _row(batch)
+    assert row["length/truncated"] == 0.5
+    assert row["length/turns"] == 2 and row["tools/calls"] == 1
+    assert row["length/policy_tokens"] == pytest.approx(sum(t.num_policy_tokens for t in batch) / 4)
+    assert [setup.consumed_record(t, 3)["truncation"] for t in batch] == [
+        "max_total_tokens", "max_new_tokens_per_turn", "env", None]
+    batch[2].info["truncation"] = "context"  # the context window is a token budget too
+    assert _row(batch)["length/truncated"] == 0.75
