@@ -188,10 +188,38 @@ def resumed_config(run_dir: Path, overrides: list[str]) -> TrainConfig:
 # ---------------------------------------------------------------------------------------------
 # 2-5. the loop
 # ---------------------------------------------------------------------------------------------
-async def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False,
-                stop: asyncio.Event | None = None) -> dict[str, Any]:
-    """Train for ``cfg.run.updates`` updates and return the final summary (also written to ``summary.json``)."""
+async def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False, stop: asyncio.Event | None = None,
+                loop_seconds: float | None = None) -> dict[str, Any]:
+    """Train for ``cfg.run.updates`` updates and return the final summary (also written to ``summary.json``).
+
+    Args:
+        cfg: The whole run's config.
+        run_dir: The run folder (:func:`prepare_run_dir` made it).
+        resume: Continue from the folder's latest checkpoint (:mod:`agentenv.trainer.resume`).
+        stop: Set to interrupt (Ctrl-C): the update at hand finishes, a checkpoint is written, the
+            held-out evaluation after training is skipped (or cancelled), ``interrupted`` is True.
+        loop_seconds: A budget for the update loop (seconds from its first batch wait; model load,
+            warm-up and the "before" evaluation are outside it), as ``agentenv study``'s equal
+            wall-clock uses: when it is spent the loop ends after the update at hand, and the run is
+            complete (evaluated after training; ``budget_spent`` True, ``interrupted`` False).
+    """
     stop = stop or asyncio.Event()
+    halt = asyncio.Event()  # ends the update loop: a stop or a spent budget
+    watcher = asyncio.ensure_future(_set_when(stop, halt))
+    try:
+        return await _train(cfg, run_dir, resume=resume, stop=stop, halt=halt, loop_seconds=loop_seconds)
+    finally:
+        watcher.cancel()
+
+
+async def _set_when(event: asyncio.Event, target: asyncio.Event) -> None:
+    await event.wait()
+    target.set()
+
+
+async def _train(cfg: TrainConfig, run_dir: Path, *, resume: bool, stop: asyncio.Event, halt: asyncio.Event,
+                 loop_seconds: float | None) -> dict[str, Any]:
+    """:func:`train`'s body: ``halt`` ends the update loop, ``stop`` also skips the evaluation after it."""
     random.seed(cfg.run.seed)
     torch.manual_seed(cfg.run.seed)
     t_start = time.time()
@@ -261,6 +289,9 @@ async def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False,
 
     summary: dict[str, Any] = {}
     t_loop = time.time()
+    spent = asyncio.Event()  # loop_seconds passed
+    timer = (asyncio.get_running_loop().call_later(loop_seconds, lambda: (spent.set(), halt.set()))
+             if loop_seconds is not None else None)
     busy.start()
     progress = setup.progress_bar(total=cfg.run.updates, initial=learner.version)
     staleness_log = (run_dir / "staleness.jsonl").open("a")
@@ -278,7 +309,7 @@ async def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False,
         if cfg.run.mode == "async":
             await collector.start()
         batches = 0  # consumed, with or without an optimizer step
-        while learner.version < cfg.run.updates and not stop.is_set():
+        while learner.version < cfg.run.updates and not halt.is_set():
             if batches >= cfg.run.batch_limit:
                 logger.warning("stopping after %d batches: only %d of them carried gradient (run.max_batches)",
                                batches, learner.version - saved_at_start)
@@ -293,7 +324,7 @@ async def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False,
                 trajs = await collector.collect(-(-missing // group_size) * group_size)
                 for i in range(0, len(trajs), group_size):
                     pool.add_group(trajs[i : i + group_size])
-            selection = await next_batch(pool, learner, cfg, stop, on_decision, collector, busy.learner)
+            selection = await next_batch(pool, learner, cfg, halt, on_decision, collector, busy.learner)
             decisions_log.flush()
             if selection is None:
                 break
@@ -343,6 +374,8 @@ async def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False,
         decisions_log.close()
         await collector.close()
         train_s = time.time() - t_loop
+        if timer is not None:
+            timer.cancel()
         if learner.version != saved_version:
             checkpoints.save(learner, extra=checkpoint_extra())
         if cfg.eval.problems and not stop.is_set() and learner.version > saved_at_start:
@@ -362,7 +395,8 @@ async def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False,
     summary = {**summary, **overlap(loop_busy["busy/engine_s"], loop_busy["busy/env_s"], loop_busy["busy/learner_s"],
                                     loop_busy["busy/wall_s"]),
                "updates": learner.version, "train_s": train_s, "wall_clock_s": time.time() - t_start,
-               "peak_rss_gb": setup.peak_rss_gb(), "interrupted": stop.is_set()}
+               "peak_rss_gb": setup.peak_rss_gb(), "interrupted": stop.is_set(),
+               "budget_spent": spent.is_set()}
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
 

@@ -179,7 +179,7 @@ def run_study(name: str, root: Path, *, quick: bool = False, resume: bool = Fals
                 _start_setting(cfg, run_dir, root.parent if share else None, log=log, head=head)
             left = seconds
             if seconds is not None and partial and (run_dir / "summary.json").is_file():
-                left = max(0.0, seconds - json.loads((run_dir / "summary.json").read_text())["wall_clock_s"])
+                left = max(0.0, seconds - json.loads((run_dir / "summary.json").read_text())["train_s"])
             log(f"{head}: {'resuming' if partial else 'training'} "
                 + (f"for {left:.0f} s" if left is not None else f"to {cfg.run.updates} updates"))
             if asyncio.run(_train_setting(cfg, run_dir, resume=partial, seconds=left)):
@@ -223,19 +223,22 @@ def _start_setting(cfg: TrainConfig, run_dir: Path, share_in: Path | None, *, lo
 
 
 async def _train_setting(cfg: TrainConfig, run_dir: Path, *, resume: bool, seconds: float | None) -> bool:
-    """Train one setting; stop it after ``seconds`` (the wall-clock budget) if given. True when Ctrl-C stopped it."""
+    """Train one setting; end its update loop after ``seconds`` (the wall-clock budget) if given.
+
+    The budget counts the update loop only (train's ``loop_seconds``), so a setting that computes its
+    "before" evaluation and one that copied it get the same time to train. A spent budget is not an
+    interruption: the run is evaluated on the held-out tasks after it, as one that reached its
+    updates. Returns True when Ctrl-C (or SIGTERM) stopped it.
+    """
     from agentenv.trainer.recipe import train
 
-    stop, user = asyncio.Event(), asyncio.Event()
+    user = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, lambda: (user.set(), stop.set()))
-    timer = loop.call_later(seconds, stop.set) if seconds is not None else None
+        loop.add_signal_handler(sig, user.set)
     try:
-        await train(cfg, run_dir, resume=resume, stop=stop)
+        await train(cfg, run_dir, resume=resume, stop=user, loop_seconds=seconds)
     finally:
-        if timer is not None:
-            timer.cancel()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
     return user.is_set()

@@ -119,3 +119,35 @@ def test_agentenv_train_exits_1_naming_the_error(tmp_path, monkeypatch, scripted
     assert rc == 1
     err = capsys.readouterr().err
     assert "agentenv train: the last 16 episodes all failed; the latest with: RuntimeError: reset exploded" in err
+
+
+@pytest.mark.parametrize("user_stop", [False, True])
+def test_a_spent_loop_budget_ends_the_run_complete_and_evaluated_and_ctrl_c_does_not(tmp_path, monkeypatch,
+                                                                                    scripted, user_stop):
+    evaluated: list[str] = []
+
+    async def held_out(cfg, engine, renderer, run_dir, label, stop):  # records which evaluations ran
+        evaluated.append(label)
+        return 0.5
+
+    async def no_tasks(cfg):
+        return []
+
+    monkeypatch.setattr(recipe, "held_out", held_out)
+    monkeypatch.setattr(recipe, "held_out_tasks", no_tasks)
+    monkeypatch.setattr(setup, "env_factory", lambda cfg, *_: CountdownEnv)
+    cfg, _ = recipe.parse_args(["--run-dir", str(tmp_path / "run"), *OVERRIDES, "--updates", "100000",
+                                "eval.problems=1"])
+    run_dir = recipe.prepare_run_dir(cfg, resume=False, overwrite=False)
+
+    async def run():
+        stop = asyncio.Event()
+        if user_stop:  # Ctrl-C before the budget is spent
+            asyncio.get_running_loop().call_later(1.0, stop.set)
+        return await recipe.train(cfg, run_dir, stop=stop, loop_seconds=1.0 if not user_stop else 60.0)
+
+    summary = asyncio.run(asyncio.wait_for(run(), 60))
+    assert 1 <= summary["updates"] < 100000 and summary["train_s"] >= 1.0
+    assert (summary["budget_spent"], summary["interrupted"]) == (not user_stop, user_stop)
+    # the "before" evaluation ran before the loop; the one after only when the budget, not Ctrl-C, ended it
+    assert evaluated == (["before"] if user_stop else ["before", "after"])
