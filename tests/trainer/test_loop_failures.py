@@ -147,7 +147,9 @@ def test_a_spent_loop_budget_ends_the_run_complete_and_evaluated_and_ctrl_c_does
         return await recipe.train(cfg, run_dir, stop=stop, loop_seconds=1.0 if not user_stop else 60.0)
 
     summary = asyncio.run(asyncio.wait_for(run(), 60))
-    assert 1 <= summary["updates"] < 100000 and summary["train_s"] >= 1.0
+    assert 1 <= summary["updates"] < 100000
+    # the budget runs from the loop's start; Ctrl-C's timer from train's, before the model load
+    assert summary["train_s"] >= 1.0 if not user_stop else summary["train_s"] < 30
     assert (summary["budget_spent"], summary["interrupted"]) == (not user_stop, user_stop)
     # the "before" evaluation ran before the loop; the one after only when the budget, not Ctrl-C, ended it
     assert evaluated == (["before"] if user_stop else ["before", "after"])
