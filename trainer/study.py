@@ -413,7 +413,10 @@ def plot_study(study: Study, root: Path, settings: list[str], rows: list[dict[st
     """Write the study's plots and return their paths.
 
     ``plots/reward.png`` and ``plots/tool_calls.png``: curves over batches, one line per setting;
-    ``plots/figure_<first figure>.png``: one bar per setting (rates with their 95% interval).
+    ``plots/figure_<first figure>.png``: one bar per setting (rates with their 95% interval); for
+    the studies of staleness (``gs_mean`` among the figures) ``plots/staleness.png``: the empirical
+    distribution (CDF) of generation and waiting staleness of the consumed trajectories (policy
+    versions, ``staleness.jsonl``), one line per setting.
     """
     import matplotlib.pyplot as plt
 
@@ -447,7 +450,30 @@ def plot_study(study: Study, root: Path, settings: list[str], rows: list[dict[st
     ax.set_title(f"{study.name}: {FIGURES[key]}", fontsize=8, wrap=True)
     ax.tick_params(axis="x", labelsize=7)
     written.append(_save(fig, out / f"figure_{key}.png"))
+    if "gs_mean" in study.figures:
+        written.append(_plot_staleness(study, root, settings, out))
     return written
+
+
+def _plot_staleness(study: Study, root: Path, settings: list[str], out: Path) -> Path:
+    """``plots/staleness.png``: the CDFs of GS and WS (versions) of each setting's consumed trajectories."""
+    import matplotlib.pyplot as plt
+
+    from agentenv.trainer.plots import _save, read_jsonl
+
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.5), sharey=True)
+    for s in settings:
+        records = read_jsonl(root / s / "staleness.jsonl")
+        for ax, key in zip(axes, ("gs", "ws"), strict=True):
+            xs = sorted(r[key] for r in records)
+            if xs:
+                ax.step(xs, [(i + 1) / len(xs) for i in range(len(xs))], where="post", label=f"{s} ({len(xs)})")
+    for ax, name in zip(axes, ("generation staleness GS", "waiting staleness WS"), strict=True):
+        ax.set(xlabel=f"{name} (policy versions)", title=f"{study.name}: {name}")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("fraction of consumed trajectories <= x")
+    axes[1].legend(fontsize=7)
+    return _save(fig, out / "staleness.png")
 
 
 def list_studies() -> str:

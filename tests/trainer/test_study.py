@@ -127,6 +127,22 @@ def test_the_length_study_reports_the_truncated_share_and_n_a_for_runs_that_did_
     assert row["truncated"] is None and "| n/a |" in table(study, [row])
 
 
+def test_the_staleness_studies_plot_the_gs_and_ws_distributions(tmp_path):
+    from agentenv.trainer.study import plot_study
+
+    for name, ws in (("sync", 0), ("async_none", 2)):
+        _fake_setting(tmp_path / name, 0.5, (1.0, 1.0, 1.0))
+        _jsonl(tmp_path / name / "staleness.jsonl", [{"gs": i % 3 * 0.5, "ws": ws} for i in range(12)])
+    study = STUDIES["staleness_wall_clock"]
+    rows = [study_row(study, n, tmp_path / n) for n in ("sync", "async_none")]
+    written = plot_study(study, tmp_path, ["sync", "async_none"], rows)
+    assert [p.name for p in written] == ["reward.png", "tool_calls.png", "figure_success_after.png", "staleness.png"]
+    assert (tmp_path / "plots" / "staleness.png").stat().st_size > 5000
+    assert rows[1]["ws_mean"] == 2.0 and rows[1]["gs_mean"] == 0.5  # GS 0, 0.5, 1 in turn
+    one = plot_study(STUDIES["entropy_filter"], tmp_path, ["sync"], rows[:1])
+    assert "staleness.png" not in [p.name for p in one]  # a study not about staleness has no such plot
+
+
 def test_a_run_without_held_out_evaluation_says_n_a(tmp_path):
     _fake_setting(tmp_path / "a", 0.5, (1.0, 1.0, 1.0))
     for p in tmp_path.glob("a/eval_*.json"):
