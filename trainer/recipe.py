@@ -293,7 +293,8 @@ async def _train(cfg: TrainConfig, run_dir: Path, *, resume: bool, stop: asyncio
     timer = (asyncio.get_running_loop().call_later(loop_seconds, lambda: (spent.set(), halt.set()))
              if loop_seconds is not None else None)
     busy.start()
-    progress = setup.progress_bar(total=cfg.run.updates, initial=learner.version)
+    # under a time budget the updates are as many as fit: the bar counts them without an end
+    progress = setup.progress_bar(total=cfg.run.updates if loop_seconds is None else None, initial=learner.version)
     staleness_log = (run_dir / "staleness.jsonl").open("a")
     decisions_log = (run_dir / "decisions.jsonl").open("a")
     rejected_now: list[Any] = []  # rejected while waiting for the current batch

@@ -201,8 +201,8 @@ def build_engine(cfg: TrainConfig, model: torch.nn.Module, tokenizer: Any) -> An
 
 
 # -- logging --------------------------------------------------------------------------------------
-def progress_bar(total: int, initial: int) -> tqdm:
-    """The run's progress bar (updates)."""
+def progress_bar(total: int | None, initial: int) -> tqdm:
+    """The run's progress bar (updates; ``total`` None: a count and a rate, no end, as under a time budget)."""
     return tqdm(total=total, initial=initial, desc="updates", unit="update", dynamic_ncols=True)
 
 
