@@ -198,8 +198,9 @@ async def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False, stop: 
         resume: Continue from the folder's latest checkpoint (:mod:`agentenv.trainer.resume`).
         stop: Set to interrupt (Ctrl-C): the update at hand finishes, a checkpoint is written, the
             held-out evaluation after training is skipped (or cancelled), ``interrupted`` is True.
-        loop_seconds: A budget for the update loop (seconds from its first batch wait; model load,
-            warm-up and the "before" evaluation are outside it), as ``agentenv study``'s equal
+        loop_seconds: A budget for the update loop (seconds from the loop's start, collector start
+            included; model load, warm-up and the "before" evaluation are outside it; <= 0: no
+            batch at all), as ``agentenv study``'s equal
             wall-clock uses: when it is spent the loop ends after the update at hand, and the run is
             complete (evaluated after training; ``budget_spent`` True, ``interrupted`` False).
     """
@@ -290,8 +291,16 @@ async def _train(cfg: TrainConfig, run_dir: Path, *, resume: bool, stop: asyncio
     summary: dict[str, Any] = {}
     t_loop = time.time()
     spent = asyncio.Event()  # loop_seconds passed
-    timer = (asyncio.get_running_loop().call_later(loop_seconds, lambda: (spent.set(), halt.set()))
-             if loop_seconds is not None else None)
+
+    def spend() -> None:
+        spent.set()
+        halt.set()
+
+    timer = None
+    if loop_seconds is not None and loop_seconds <= 0:  # nothing left (a resumed budget): not one batch
+        spend()
+    elif loop_seconds is not None:
+        timer = asyncio.get_running_loop().call_later(loop_seconds, spend)
     busy.start()
     # under a time budget the updates are as many as fit: the bar counts them without an end
     progress = setup.progress_bar(total=cfg.run.updates if loop_seconds is None else None, initial=learner.version)
@@ -369,17 +378,21 @@ async def _train(cfg: TrainConfig, run_dir: Path, *, resume: bool, stop: asyncio
                 saved_version = learner.version
             summary = row
     finally:
+        if timer is not None:  # the loop is over: a budget that runs out while closing was not spent on it
+            timer.cancel()
         loop_busy = busy.figures()
         progress.close()
         staleness_log.close()
         decisions_log.close()
         await collector.close()
         train_s = time.time() - t_loop
-        if timer is not None:
-            timer.cancel()
         if learner.version != saved_version:
             checkpoints.save(learner, extra=checkpoint_extra())
-        if cfg.eval.problems and not stop.is_set() and learner.version > saved_at_start:
+        # evaluated after training: when this session trained, or when an earlier one trained and was
+        # stopped before its evaluation after (resumed with nothing left to train)
+        unevaluated = learner.version > 0 and not (run_dir / "eval_after.json").exists()
+        trained = learner.version > saved_at_start or unevaluated
+        if cfg.eval.problems and not stop.is_set() and trained:
             if engine.version != learner.version:  # a forced lag: the held-out policy is the trained one
                 await engine.update_weights(await asyncio.to_thread(learner.weights_for_engine), learner.version)
             after = await held_out(cfg, engine, renderer, run_dir, "after", stop)

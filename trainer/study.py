@@ -177,12 +177,13 @@ def run_study(name: str, root: Path, *, quick: bool = False, resume: bool = Fals
         else:
             if not partial:
                 _start_setting(cfg, run_dir, root.parent if share else None, log=log, head=head)
-            left = seconds
-            if seconds is not None and partial and (run_dir / "summary.json").is_file():
-                left = max(0.0, seconds - json.loads((run_dir / "summary.json").read_text())["train_s"])
+            left = None if seconds is None else max(0.0, seconds - loop_seconds_spent(run_dir))
             log(f"{head}: {'resuming' if partial else 'training'} "
                 + (f"for {left:.0f} s" if left is not None else f"to {cfg.run.updates} updates"))
-            if asyncio.run(_train_setting(cfg, run_dir, resume=partial, seconds=left)):
+            stopped = asyncio.run(_train_setting(cfg, run_dir, resume=partial, seconds=left))
+            if seconds is not None:
+                _add_loop_seconds(run_dir)
+            if stopped:
                 log(f"{head}: stopped; run the same command with --resume to continue")
                 result["interrupted"] = True
                 break
@@ -197,6 +198,26 @@ def run_study(name: str, root: Path, *, quick: bool = False, resume: bool = Fals
         (root / "study.md").write_text(study_markdown(study, result))
     _write_json(root / "study.json", result)
     return result
+
+
+#: A wall-clock setting's update-loop seconds over all its sessions (train's summary has the last one's).
+BUDGET_FILE = "study_budget.json"
+
+
+def loop_seconds_spent(run_dir: Path) -> float:
+    """Update-loop seconds a setting has spent over its sessions so far (0 for a fresh one).
+
+    A session killed without writing its summary (``kill -9``) is not counted: its work after the
+    last checkpoint is lost too, and the resumed run gets that time again.
+    """
+    path = run_dir / BUDGET_FILE
+    return float(json.loads(path.read_text())["loop_s"]) if path.is_file() else 0.0
+
+
+def _add_loop_seconds(run_dir: Path) -> None:
+    """Add the session that just ended (its ``summary.json``'s ``train_s``) to :data:`BUDGET_FILE`."""
+    spent = loop_seconds_spent(run_dir) + json.loads((run_dir / "summary.json").read_text())["train_s"]
+    _write_json(run_dir / BUDGET_FILE, {"loop_s": spent})
 
 
 def _relative(path: Path, parent: Path) -> str:
@@ -256,12 +277,15 @@ def _paired_outcomes(a: dict[str, Any], b: dict[str, Any], what: str) -> tuple[l
     """Two evaluations' per-task outcomes in the same task order (by ``task_ids`` where both have them).
 
     Raises:
-        DataError: the two evaluations are not of the same tasks.
+        DataError: the two evaluations are not of the same tasks (or list a task twice).
     """
     if "task_ids" not in a or "task_ids" not in b:
         if len(a["outcomes"]) != len(b["outcomes"]):
             raise DataError(f"{what}: {len(a['outcomes'])} and {len(b['outcomes'])} held-out outcomes cannot be paired")
         return a["outcomes"], b["outcomes"]
+    for e in (a, b):
+        if len(e["task_ids"]) != len(e["outcomes"]) or len(set(e["task_ids"])) != len(e["task_ids"]):
+            raise DataError(f"{what}: an evaluation whose task ids are repeated or do not match its outcomes")
     by_id = dict(zip(b["task_ids"], b["outcomes"], strict=True))
     if sorted(by_id) != sorted(a["task_ids"]):
         raise DataError(f"{what}: the two held-out evaluations are not of the same tasks")
@@ -284,8 +308,8 @@ def study_row(study: Study, setting: str, run_dir: Path, reference: Path | None 
     (this setting's after minus the ``reference`` setting's after; None without a reference). A pair
     is tighter than the two Wilson intervals side by side, since the same tasks tend to succeed in both.
 
-    Raises:
-        DataError: two evaluations to pair are not of the same tasks.
+    Two evaluations that cannot be paired (not the same tasks) leave both None and say why in
+    ``paired_error`` (study.md lists it).
     """
     from agentenv.trainer.plots import read_jsonl
 
@@ -320,12 +344,16 @@ def study_row(study: Study, setting: str, run_dir: Path, reference: Path | None 
             row[key] = values[key]
     if "success_after" in study.figures:
         after = evals.get("after")
-        row["gain"], row["gain_ci95"] = (_paired_delta(evals["before"], after, str(run_dir))
-                                         if after and "before" in evals else (None, None))
+        row.update(gain=None, gain_ci95=None, vs_first=None, vs_first_ci95=None)
         ref = reference / "eval_after.json" if reference is not None else None
-        row["vs_first"], row["vs_first_ci95"] = (
-            _paired_delta(json.loads(ref.read_text()), after, f"{run_dir} against {reference}")
-            if after and ref is not None and ref.is_file() else (None, None))
+        try:  # two evaluations that cannot be paired leave n/a and say why, not a study without a table
+            if after and "before" in evals:
+                row["gain"], row["gain_ci95"] = _paired_delta(evals["before"], after, str(run_dir))
+            if after and ref is not None and ref.is_file():
+                row["vs_first"], row["vs_first_ci95"] = _paired_delta(json.loads(ref.read_text()), after,
+                                                                      f"{run_dir} against {reference}")
+        except (DataError, ValueError) as exc:
+            row["paired_error"] = str(exc)
     # a copied "before" evaluation is counted at its measured seconds, so that wall-clocks compare
     shared_before = (evals.get("before") or {}).get("shared_from")
     wall = summary["wall_clock_s"] + (evals["before"]["seconds"] if shared_before else 0.0)
@@ -362,7 +390,7 @@ def table(study: Study, rows: list[dict[str, Any]]) -> str:
     first row being the reference.
     """
     cells = [{c: _cell(r, c) for c in _columns(study)} for r in rows]
-    if cells and "vs_first" in cells[0]:
+    if cells and "vs_first" in cells[0] and rows[0].get("success_after") is not None:
         cells[0]["vs_first"] = "(reference)"
     return markdown_table(cells)
 
@@ -394,6 +422,9 @@ def study_markdown(study: Study, result: dict[str, Any]) -> str:
                if r.get("before_shared_from") and not r.get("shared_from")]
     if shared:
         lines += ["Shared, not rerun: " + "; ".join(shared) + ".", ""]
+    unpaired = [f"`{r['setting']}`: {r['paired_error']}" for r in result["rows"] if r.get("paired_error")]
+    if unpaired:
+        lines += ["Not paired (n/a): " + "; ".join(unpaired) + ".", ""]
     if result.get("interrupted"):
         lines += ["Stopped before every setting finished: `agentenv study ... --resume` continues.", ""]
     lines += [f"![{p}]({p})" for p in result.get("plots", [])]

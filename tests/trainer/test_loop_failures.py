@@ -142,8 +142,8 @@ def test_a_spent_loop_budget_ends_the_run_complete_and_evaluated_and_ctrl_c_does
 
     async def run():
         stop = asyncio.Event()
-        if user_stop:  # Ctrl-C before the budget is spent
-            asyncio.get_running_loop().call_later(1.0, stop.set)
+        if user_stop:  # Ctrl-C before the budget is spent (3 s from train's start: model load included)
+            asyncio.get_running_loop().call_later(3.0, stop.set)
         return await recipe.train(cfg, run_dir, stop=stop, loop_seconds=1.0 if not user_stop else 60.0)
 
     summary = asyncio.run(asyncio.wait_for(run(), 60))
@@ -153,3 +153,35 @@ def test_a_spent_loop_budget_ends_the_run_complete_and_evaluated_and_ctrl_c_does
     assert (summary["budget_spent"], summary["interrupted"]) == (not user_stop, user_stop)
     # the "before" evaluation ran before the loop; the one after only when the budget, not Ctrl-C, ended it
     assert evaluated == (["before"] if user_stop else ["before", "after"])
+
+
+def test_a_resumed_setting_with_no_budget_left_trains_nothing_and_is_evaluated_after(tmp_path, monkeypatch, scripted):
+    evaluated: list[str] = []
+
+    async def held_out(cfg, engine, renderer, run_dir, label, stop):
+        evaluated.append(label)
+        return 0.5
+
+    async def no_tasks(cfg):
+        return []
+
+    monkeypatch.setattr(recipe, "held_out", held_out)
+    monkeypatch.setattr(recipe, "held_out_tasks", no_tasks)
+    monkeypatch.setattr(setup, "env_factory", lambda cfg, *_: CountdownEnv)
+    cfg, _ = recipe.parse_args(["--run-dir", str(tmp_path / "run"), *OVERRIDES, "--updates", "100000",
+                                "eval.problems=1", "--mode", "sync", "--policy", "sync"])
+    run_dir = recipe.prepare_run_dir(cfg, resume=False, overwrite=False)
+
+    async def stopped_after_a_second():  # the first session: Ctrl-C (as if during its evaluation after)
+        stop = asyncio.Event()
+        asyncio.get_running_loop().call_later(3.0, stop.set)
+        return await recipe.train(cfg, run_dir, stop=stop, loop_seconds=60.0)
+
+    first = asyncio.run(asyncio.wait_for(stopped_after_a_second(), 60))
+    assert first["interrupted"] and first["updates"] >= 1 and evaluated == ["before"]
+    trained = len(scripted)
+    evaluated.clear()
+    second = asyncio.run(asyncio.wait_for(recipe.train(cfg, run_dir, resume=True, loop_seconds=0.0), 60))
+    # nothing left of the budget: no update, and the run that trained before is evaluated after all
+    assert len(scripted) == trained and second["updates"] == first["updates"]
+    assert second["budget_spent"] and not second["interrupted"] and evaluated == ["before", "after"]

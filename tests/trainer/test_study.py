@@ -17,6 +17,7 @@ from agentenv.trainer.study import (
     main,
     run_study,
     setting_configs,
+    study_markdown,
     study_row,
     table,
     wilson_interval,
@@ -100,9 +101,26 @@ def test_paired_differences_pair_by_task_id_and_refuse_other_tasks(tmp_path):
     row = study_row(study, "x", tmp_path / "x", reference=tmp_path / "ref")
     assert row["vs_first"] == 0.25 and row["vs_first_ci95"][0] == 0.0  # one task of four: 0 is in the interval
     assert row["gain"] == -0.25 and row["gain_ci95"][1] == 0.0  # t3 is lost
-    _write_eval(tmp_path / "x", "after", ["t0", "t1", "t2", "u3"], [1.0, 1.0, 1.0, 0.0])
-    with pytest.raises(DataError, match="not of the same tasks"):
-        study_row(study, "x", tmp_path / "x", reference=tmp_path / "ref")
+    # other tasks, or a task listed twice: n/a with the reason (study.md says it), the rest of the row kept
+    for ids in (["t0", "t1", "t2", "u3"], ["t0", "t1", "t2", "t2"]):
+        _write_eval(tmp_path / "x", "after", ids, [1.0, 1.0, 1.0, 0.0])
+        row = study_row(study, "x", tmp_path / "x", reference=tmp_path / "ref")
+        assert row["vs_first"] is None and row["success_after"] == 0.75
+        assert "not of the same tasks" in row["paired_error"] or "repeated" in row["paired_error"]
+    md = study_markdown(study, {"scale": "s", "rows": [row]})
+    assert "Not paired (n/a): `x`: " in md and "| n/a |" in md
+
+
+def test_a_wall_clock_setting_counts_its_loop_seconds_over_sessions(tmp_path):
+    from agentenv.trainer.study import _add_loop_seconds, loop_seconds_spent
+
+    run = tmp_path / "r"
+    run.mkdir()
+    assert loop_seconds_spent(run) == 0.0
+    for train_s in (250.5, 200.0):  # two sessions, each stopped by Ctrl-C and resumed
+        (run / "summary.json").write_text(json.dumps({"train_s": train_s}))
+        _add_loop_seconds(run)
+    assert loop_seconds_spent(run) == 450.5  # the third session gets 600 - 450.5 s, not 600 - 200
 
 
 def test_the_gate_study_row_reports_the_token_share_and_the_lag(tmp_path):
