@@ -121,12 +121,11 @@ def test_agentenv_train_exits_1_naming_the_error(tmp_path, monkeypatch, scripted
     assert "agentenv train: the last 16 episodes all failed; the latest with: RuntimeError: reset exploded" in err
 
 
-@pytest.mark.parametrize("user_stop", [False, True])
-def test_a_spent_loop_budget_ends_the_run_complete_and_evaluated_and_ctrl_c_does_not(tmp_path, monkeypatch,
-                                                                                    scripted, user_stop):
+def recorded_evaluations(monkeypatch) -> list[str]:
+    """Replace the held-out evaluations by a recorder (CountdownEnv has no held-out tasks): the labels run."""
     evaluated: list[str] = []
 
-    async def held_out(cfg, engine, renderer, run_dir, label, stop):  # records which evaluations ran
+    async def held_out(cfg, engine, renderer, run_dir, label, stop):
         evaluated.append(label)
         return 0.5
 
@@ -136,6 +135,13 @@ def test_a_spent_loop_budget_ends_the_run_complete_and_evaluated_and_ctrl_c_does
     monkeypatch.setattr(recipe, "held_out", held_out)
     monkeypatch.setattr(recipe, "held_out_tasks", no_tasks)
     monkeypatch.setattr(setup, "env_factory", lambda cfg, *_: CountdownEnv)
+    return evaluated
+
+
+@pytest.mark.parametrize("user_stop", [False, True])
+def test_a_spent_loop_budget_ends_the_run_complete_and_evaluated_and_ctrl_c_does_not(tmp_path, monkeypatch,
+                                                                                    scripted, user_stop):
+    evaluated = recorded_evaluations(monkeypatch)
     cfg, _ = recipe.parse_args(["--run-dir", str(tmp_path / "run"), *OVERRIDES, "--updates", "100000",
                                 "eval.problems=1"])
     run_dir = recipe.prepare_run_dir(cfg, resume=False, overwrite=False)
@@ -156,18 +162,7 @@ def test_a_spent_loop_budget_ends_the_run_complete_and_evaluated_and_ctrl_c_does
 
 
 def test_a_resumed_setting_with_no_budget_left_trains_nothing_and_is_evaluated_after(tmp_path, monkeypatch, scripted):
-    evaluated: list[str] = []
-
-    async def held_out(cfg, engine, renderer, run_dir, label, stop):
-        evaluated.append(label)
-        return 0.5
-
-    async def no_tasks(cfg):
-        return []
-
-    monkeypatch.setattr(recipe, "held_out", held_out)
-    monkeypatch.setattr(recipe, "held_out_tasks", no_tasks)
-    monkeypatch.setattr(setup, "env_factory", lambda cfg, *_: CountdownEnv)
+    evaluated = recorded_evaluations(monkeypatch)
     cfg, _ = recipe.parse_args(["--run-dir", str(tmp_path / "run"), *OVERRIDES, "--updates", "100000",
                                 "eval.problems=1", "--mode", "sync", "--policy", "sync"])
     run_dir = recipe.prepare_run_dir(cfg, resume=False, overwrite=False)
