@@ -352,7 +352,7 @@ def study_row(study: Study, setting: str, run_dir: Path, reference: Path | None 
             if after and ref is not None and ref.is_file():
                 row["vs_first"], row["vs_first_ci95"] = _paired_delta(json.loads(ref.read_text()), after,
                                                                       f"{run_dir} against {reference}")
-        except (DataError, ValueError) as exc:
+        except DataError as exc:  # _paired_outcomes checks the lengths, so the zip cannot raise
             row["paired_error"] = str(exc)
     # a copied "before" evaluation is counted at its measured seconds, so that wall-clocks compare
     shared_before = (evals.get("before") or {}).get("shared_from")
