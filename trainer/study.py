@@ -3,9 +3,10 @@
 Each setting trains the same base task with the same budget (updates, so rollouts; or wall-clock
 seconds) in its own run folder under ``--run-dir``; then ``study.md``, ``study.json`` and
 ``plots/*.png`` are written from the runs' own logs (``summary.json``, ``metrics.jsonl``,
-``staleness.jsonl``, ``eval_*.json``). A setting that finished gets ``study_setting.json`` and is
-never run again; a setting stopped half-way (Ctrl-C, a killed process) continues with train's
-resume. The table rows extend :func:`agentenv.trainer.compare.summarize`'s.
+``staleness.jsonl``, ``eval_*.json``). Each setting trains in a child process of its own. A
+setting that finished gets ``study_setting.json`` and is never run again; a setting stopped half-way
+(Ctrl-C, a killed process) continues with train's resume. The table rows extend
+:func:`agentenv.trainer.compare.summarize`'s.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import argparse
 import asyncio
 import json
 import math
+import multiprocessing
+import os
 import signal
 import statistics
 import sys
@@ -166,6 +169,10 @@ def run_study(name: str, root: Path, *, quick: bool = False, resume: bool = Fals
         head = f"[study {study.name}] {i}/{len(configs)} {setting.name}"
         key = setting_key(cfg, seconds)
         partial = (run_dir / "config.yaml").is_file()
+        if partial and not (run_dir / MARKER).is_file() and _nothing_to_resume(run_dir):
+            log(f"{head}: stopped before its first checkpoint (run.checkpoint_every = {cfg.run.checkpoint_every}): "
+                "nothing to resume from, training it again")
+            partial = False
         same = find_finished(root.parent, key, exclude=run_dir) if share and not partial else None
         if (run_dir / MARKER).is_file():
             log(f"{head}: finished before, kept")
@@ -180,7 +187,7 @@ def run_study(name: str, root: Path, *, quick: bool = False, resume: bool = Fals
             left = None if seconds is None else max(0.0, seconds - loop_seconds_spent(run_dir))
             log(f"{head}: {'resuming' if partial else 'training'} "
                 + (f"for {left:.0f} s" if left is not None else f"to {cfg.run.updates} updates"))
-            stopped = asyncio.run(_train_setting(cfg, run_dir, resume=partial, seconds=left))
+            stopped = _train_setting_in_child(cfg, run_dir, resume=partial, seconds=left, head=head)
             if seconds is not None:
                 _add_loop_seconds(run_dir)
             if stopped:
@@ -228,12 +235,18 @@ def _start_setting(cfg: TrainConfig, run_dir: Path, share_in: Path | None, *, lo
                    head: str) -> None:
     """Make a fresh run folder (a folder with no ``config.yaml`` holds no run).
 
-    With ``share_in``, copy the "before" evaluation of a run under it that starts from the same policy
+    A folder started again (:func:`_nothing_to_resume`) keeps its ``eval_before.json``. Else, with
+    ``share_in``, copy the "before" evaluation of a run under it that starts from the same policy
     (marked ``shared_from``).
     """
     from agentenv.trainer.recipe import prepare_run_dir
 
+    own = run_dir / "eval_before.json"  # a setting started again keeps its own: the same policy before training
+    kept = own.read_text() if own.is_file() else None
     prepare_run_dir(cfg, resume=False, overwrite=True)
+    if kept is not None:
+        own.write_text(kept)
+        return
     source = find_before(share_in, cfg, exclude=run_dir) if share_in is not None and cfg.eval.problems else None
     if source is not None:
         report = json.loads((source / "eval_before.json").read_text())
@@ -241,6 +254,77 @@ def _start_setting(cfg: TrainConfig, run_dir: Path, share_in: Path | None, *, lo
         _write_json(run_dir / "eval_before.json", report)
         log(f"{head}: held-out 'before' evaluation ({report['success_rate']:.3f}) copied from {source}: the same "
             f"model, warm-up, rollout budgets, env and evaluation (key {before_key(cfg)})")
+
+
+#: A setting's child process exits with this status when Ctrl-C (or SIGTERM) stopped its run.
+STOPPED_EXIT = 3
+
+
+def _train_setting_in_child(cfg: TrainConfig, run_dir: Path, *, resume: bool, seconds: float | None,
+                            head: str, target: Callable[..., None] | None = None) -> bool:
+    """Train one setting (:func:`_train_setting`) in a fresh child process; True when the user stopped it.
+
+    One process per setting: whatever a setting leaves in memory (the allocator's heap, the weight
+    snapshots of ``staleness.forced_lag``, caches) cannot add up over a study's settings (in one
+    process, ``gate_under_lag``'s second setting passed 24 GB and was killed), and a setting killed
+    from outside (the out-of-memory killer) is reported instead of ending the study without a word.
+    The child is spawned (no fork of a process that holds threads and a model), prints to the same
+    terminal, and gets the terminal's Ctrl-C itself; a SIGINT or SIGTERM sent to this process alone is
+    passed on to it. The run folder keeps what the child wrote, so ``--resume`` continues it.
+    ``target`` (tests) replaces the child's body :func:`_setting_child` (a module-level function
+    with the same arguments).
+
+    Raises:
+        AgentEnvError: the child failed (its traceback is above on stderr) or was killed by a signal,
+            naming the setting, the exit status and the way to continue.
+    """
+    child = multiprocessing.get_context("spawn").Process(
+        target=target or _setting_child, args=(cfg, str(run_dir), resume, seconds),
+        name=f"agentenv-study-{run_dir.name}")
+    signalled: list[int] = []
+
+    def pass_on(signum: int, _frame: Any) -> None:
+        signalled.append(signum)
+        if child.pid is not None and child.exitcode is None:
+            os.kill(child.pid, signum)
+
+    previous = {sig: signal.signal(sig, pass_on) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        child.start()
+        child.join()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    code = child.exitcode
+    if code == 0:
+        return False
+    if code == STOPPED_EXIT or signalled:  # a stop that landed before the child's handler was set exits 1
+        return True
+    if code is not None and code < 0:
+        oom = " (out of memory? see dmesg)" if -code == signal.SIGKILL else ""
+        how = f"was killed by {signal.Signals(-code).name}{oom}"
+    else:
+        how = f"failed with exit status {code} (its error is printed above)"
+    raise AgentEnvError(f"{head}: the setting's process {how}; its run folder {run_dir} keeps what it wrote: "
+                        "fix the cause and run the same command with --resume")
+
+
+def _setting_child(cfg: TrainConfig, run_dir: str, resume: bool, seconds: float | None) -> None:
+    """The child's body (:func:`_train_setting_in_child`): exit 0, or :data:`STOPPED_EXIT` when stopped."""
+    if asyncio.run(_train_setting(cfg, Path(run_dir), resume=resume, seconds=seconds)):
+        sys.exit(STOPPED_EXIT)
+
+
+def _nothing_to_resume(run_dir: Path) -> bool:
+    """True when a started setting has logged updates but no published checkpoint.
+
+    Train's ``--resume`` refuses such a folder (killed before its first checkpoint: what it trained is
+    lost), so the study trains the setting again.
+    """
+    from agentenv.trainer.checkpoint import latest_checkpoint
+
+    logged = run_dir / "metrics.jsonl"
+    return latest_checkpoint(run_dir / "checkpoints") is None and logged.is_file() and logged.stat().st_size > 0
 
 
 async def _train_setting(cfg: TrainConfig, run_dir: Path, *, resume: bool, seconds: float | None) -> bool:

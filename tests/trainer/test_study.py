@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from agentenv.errors import ConfigError, DataError, RunFolderError
+from agentenv.errors import AgentEnvError, ConfigError, DataError, RunFolderError
 from agentenv.trainer.significance import paired_bootstrap
 from agentenv.trainer.studies import STUDIES, WALL_CLOCK_S, Setting, Study
 from agentenv.trainer.study import (
@@ -402,3 +402,44 @@ def test_study_all_runs_every_runnable_study_in_its_folder_and_resumes_only_thos
     calls.clear()
     assert main(["entropy_filter", "--quick", "--resume"]) == 0  # one study: --resume as given
     assert calls == [("entropy_filter", study.Path("runs/study/entropy_filter-quick"), True, True)]
+
+
+def test_each_setting_trains_in_its_own_process_and_a_killed_one_is_reported(tmp_path):
+    import os
+
+    from agentenv.trainer import study
+    from tests.fakes import study_children
+
+    def child(target):
+        return study._train_setting_in_child("cfg", tmp_path, resume=True, seconds=9.0, head="[study s] 2/3 b",
+                                             target=target)
+
+    assert child(study_children.finishes) is False  # finished: the study goes on to the next setting
+    text = (tmp_path / "child.txt").read_text().split()
+    assert text[:3] == ["cfg", "True", "9.0"] and int(text[3]) != os.getpid()  # another process, same arguments
+    assert child(study_children.stopped_by_the_user) is True  # Ctrl-C: the study stops, resumable
+    with pytest.raises(AgentEnvError, match=r"2/3 b: the setting's process was killed by SIGKILL \(out of memory"):
+        child(study_children.killed)
+    with pytest.raises(AgentEnvError, match=r"failed with exit status 1 .*--resume"):
+        child(study_children.raises)
+
+
+def test_a_sigint_sent_to_the_study_alone_reaches_the_setting_s_process(tmp_path):
+    import os
+    import signal
+    import threading
+    import time
+
+    from agentenv.trainer import study
+    from tests.fakes import study_children
+
+    timer = threading.Timer(3.0, os.kill, (os.getpid(), signal.SIGINT))  # not the terminal's: this process only
+    timer.start()
+    t0 = time.monotonic()
+    try:
+        stopped = study._train_setting_in_child("cfg", tmp_path, resume=False, seconds=None, head="h",
+                                                target=study_children.waits)
+    finally:
+        timer.cancel()
+    assert stopped is True and time.monotonic() - t0 < 30  # passed on: the child did not sleep its minute
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the study's own handler is back
