@@ -443,3 +443,25 @@ def test_a_sigint_sent_to_the_study_alone_reaches_the_setting_s_process(tmp_path
         timer.cancel()
     assert stopped is True and time.monotonic() - t0 < 30  # passed on: the child did not sleep its minute
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the study's own handler is back
+
+
+def test_a_setting_stopped_before_its_first_checkpoint_is_trained_again_keeping_its_before(tmp_path):
+    from agentenv.trainer import study
+
+    (setting, cfg), _ = setting_configs(STUDIES["signed_feedback"], tmp_path / "s", quick=True)
+    run = tmp_path / "s" / setting.name
+    assert not study._nothing_to_resume(run)  # not started
+    run.mkdir(parents=True)
+    (run / "config.yaml").write_text("run: {}\n")
+    (run / "metrics.jsonl").write_text('{"version": 1}\n')  # an update logged, killed before checkpoint 10
+    (run / "eval_before.json").write_text('{"success_rate": 0.49}')
+    assert study._nothing_to_resume(run)
+    (run / "checkpoints").mkdir()
+    (run / "checkpoints" / "latest").write_text("v00000010")
+    (run / "checkpoints" / "v00000010").mkdir()
+    assert not study._nothing_to_resume(run)  # a checkpoint: train's --resume continues from it
+    (run / "checkpoints" / "latest").unlink()
+    log: list[str] = []
+    study._start_setting(cfg, run, tmp_path, log=log.append, head="h")
+    assert sorted(p.name for p in run.iterdir()) == ["eval_before.json"]  # the rest of the old run is gone
+    assert (run / "eval_before.json").read_text() == '{"success_rate": 0.49}' and log == []
