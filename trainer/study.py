@@ -20,6 +20,8 @@ import os
 import signal
 import statistics
 import sys
+import threading
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -154,6 +156,7 @@ def run_study(name: str, root: Path, *, quick: bool = False, resume: bool = Fals
     Raises:
         ConfigError: unknown or not-runnable study, a setting that cannot apply (before anything runs).
         RunFolderError: see :func:`check_folder`.
+        AgentEnvError: a setting's process failed or was killed (:func:`_train_setting_in_child`).
     """
     study = get_study(name)
     configs = setting_configs(study, root, quick=quick, overrides=overrides)
@@ -165,13 +168,13 @@ def run_study(name: str, root: Path, *, quick: bool = False, resume: bool = Fals
                               "scale": scale(configs[0][1], study, quick), "rows": [], "interrupted": False}
     _write_json(root / "study.json", result)
     for i, (setting, cfg) in enumerate(configs, 1):
-        run_dir = root / setting.name
+        run_dir, user_stop = root / setting.name, False
         head = f"[study {study.name}] {i}/{len(configs)} {setting.name}"
         key = setting_key(cfg, seconds)
         partial = (run_dir / "config.yaml").is_file()
         if partial and not (run_dir / MARKER).is_file() and _nothing_to_resume(run_dir):
             log(f"{head}: stopped before its first checkpoint (run.checkpoint_every = {cfg.run.checkpoint_every}): "
-                "nothing to resume from, training it again")
+                "nothing to resume from, starting it again")
             partial = False
         same = find_finished(root.parent, key, exclude=run_dir) if share and not partial else None
         if (run_dir / MARKER).is_file():
@@ -187,10 +190,11 @@ def run_study(name: str, root: Path, *, quick: bool = False, resume: bool = Fals
             left = None if seconds is None else max(0.0, seconds - loop_seconds_spent(run_dir))
             log(f"{head}: {'resuming' if partial else 'training'} "
                 + (f"for {left:.0f} s" if left is not None else f"to {cfg.run.updates} updates"))
-            stopped = _train_setting_in_child(cfg, run_dir, resume=partial, seconds=left, head=head)
+            started = time.time()
+            finished, user_stop = _train_setting_in_child(cfg, run_dir, resume=partial, seconds=left, head=head)
             if seconds is not None:
-                _add_loop_seconds(run_dir)
-            if stopped:
+                _add_loop_seconds(run_dir, since=started)
+            if not finished:
                 log(f"{head}: stopped; run the same command with --resume to continue")
                 result["interrupted"] = True
                 break
@@ -199,6 +203,10 @@ def run_study(name: str, root: Path, *, quick: bool = False, resume: bool = Fals
         row = study_row(study, setting.name, run_dir, reference=root / configs[0][0].name if i > 1 else None)
         log(f"{head}: " + ", ".join(f"{k}={_cell(row, k)}" for k in _columns(study)[1:] if k in row))
         result["rows"].append(row)
+        if user_stop:  # Ctrl-C after the setting's run had finished: it is kept, the study stops here
+            log(f"{head}: stopped after this setting; run the same command with --resume to continue")
+            result["interrupted"] = True
+            break
     if result["rows"]:
         plots = plot_study(study, root, [r["setting"] for r in result["rows"]], result["rows"])
         result["plots"] = [str(p.relative_to(root)) for p in plots]
@@ -221,8 +229,16 @@ def loop_seconds_spent(run_dir: Path) -> float:
     return float(json.loads(path.read_text())["loop_s"]) if path.is_file() else 0.0
 
 
-def _add_loop_seconds(run_dir: Path) -> None:
-    """Add the session that just ended (its ``summary.json``'s ``train_s``) to :data:`BUDGET_FILE`."""
+def _add_loop_seconds(run_dir: Path, *, since: float) -> None:
+    """Add the session that just ended (its ``summary.json``'s ``train_s``) to :data:`BUDGET_FILE`.
+
+    Only a ``summary.json`` written since ``since`` (seconds since the epoch; the session's start)
+    counts: a session stopped or killed before it wrote one adds nothing (an earlier session's summary
+    is not counted twice).
+    """
+    summary = run_dir / "summary.json"
+    if not summary.is_file() or summary.stat().st_mtime < since:
+        return
     spent = loop_seconds_spent(run_dir) + json.loads((run_dir / "summary.json").read_text())["train_s"]
     _write_json(run_dir / BUDGET_FILE, {"loop_s": spent})
 
@@ -235,14 +251,15 @@ def _start_setting(cfg: TrainConfig, run_dir: Path, share_in: Path | None, *, lo
                    head: str) -> None:
     """Make a fresh run folder (a folder with no ``config.yaml`` holds no run).
 
-    A folder started again (:func:`_nothing_to_resume`) keeps its ``eval_before.json``. Else, with
+    A folder started again (:func:`_nothing_to_resume`) keeps its ``eval_before.json`` when it is of
+    the same policy (:func:`_same_before`). Else, with
     ``share_in``, copy the "before" evaluation of a run under it that starts from the same policy
     (marked ``shared_from``).
     """
     from agentenv.trainer.recipe import prepare_run_dir
 
-    own = run_dir / "eval_before.json"  # a setting started again keeps its own: the same policy before training
-    kept = own.read_text() if own.is_file() else None
+    own = run_dir / "eval_before.json"  # a setting started again keeps its own if it measured this policy
+    kept = own.read_text() if own.is_file() and _same_before(run_dir, cfg) else None
     prepare_run_dir(cfg, resume=False, overwrite=True)
     if kept is not None:
         own.write_text(kept)
@@ -261,8 +278,12 @@ STOPPED_EXIT = 3
 
 
 def _train_setting_in_child(cfg: TrainConfig, run_dir: Path, *, resume: bool, seconds: float | None,
-                            head: str, target: Callable[..., None] | None = None) -> bool:
-    """Train one setting (:func:`_train_setting`) in a fresh child process; True when the user stopped it.
+                            head: str, target: Callable[..., None] | None = None) -> tuple[bool, bool]:
+    """Train one setting (:func:`_train_setting`) in a fresh child process.
+
+    Returns ``(finished, user_stop)``: whether the setting's run finished (its budget spent), and
+    whether a Ctrl-C or SIGTERM arrived (the study then stops after this setting; a run stopped
+    before it finished is resumable).
 
     One process per setting: whatever a setting leaves in memory (the allocator's heap, the weight
     snapshots of ``staleness.forced_lag``, caches) cannot add up over a study's settings (in one
@@ -270,13 +291,14 @@ def _train_setting_in_child(cfg: TrainConfig, run_dir: Path, *, resume: bool, se
     from outside (the out-of-memory killer) is reported instead of ending the study without a word.
     The child is spawned (no fork of a process that holds threads and a model), prints to the same
     terminal, and gets the terminal's Ctrl-C itself; a SIGINT or SIGTERM sent to this process alone is
-    passed on to it. The run folder keeps what the child wrote, so ``--resume`` continues it.
-    ``target`` (tests) replaces the child's body :func:`_setting_child` (a module-level function
-    with the same arguments).
+    passed on to it (only when this is the main thread: elsewhere Python cannot set signal handlers).
+    A child killed by SIGINT or SIGTERM counts as stopped. The run folder keeps what the child
+    wrote, so ``--resume`` continues it. ``target`` (tests) replaces the child's body
+    :func:`_setting_child` (a module-level function with the same arguments).
 
     Raises:
-        AgentEnvError: the child failed (its traceback is above on stderr) or was killed by a signal,
-            naming the setting, the exit status and the way to continue.
+        AgentEnvError: the child failed (its error is above on stderr) or was killed by a signal other
+            than SIGINT or SIGTERM, naming the setting, the exit status and the way to continue.
     """
     child = multiprocessing.get_context("spawn").Process(
         target=target or _setting_child, args=(cfg, str(run_dir), resume, seconds),
@@ -288,21 +310,27 @@ def _train_setting_in_child(cfg: TrainConfig, run_dir: Path, *, resume: bool, se
         if child.pid is not None and child.exitcode is None:
             os.kill(child.pid, signum)
 
-    previous = {sig: signal.signal(sig, pass_on) for sig in (signal.SIGINT, signal.SIGTERM)}
+    main = threading.current_thread() is threading.main_thread()
+    previous = {sig: signal.signal(sig, pass_on) for sig in (signal.SIGINT, signal.SIGTERM)} if main else {}
     try:
         child.start()
+        if signalled:  # arrived while the child was starting, before it had a pid
+            os.kill(child.pid, signalled[-1])
         child.join()
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     code = child.exitcode
     if code == 0:
-        return False
-    if code == STOPPED_EXIT or signalled:  # a stop that landed before the child's handler was set exits 1
-        return True
+        return True, bool(signalled)
+    if code in (STOPPED_EXIT, -signal.SIGINT, -signal.SIGTERM):
+        return False, True
     if code is not None and code < 0:
-        oom = " (out of memory? see dmesg)" if -code == signal.SIGKILL else ""
-        how = f"was killed by {signal.Signals(-code).name}{oom}"
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        how = f"was killed by {name}" + (" (out of memory? see dmesg)" if -code == signal.SIGKILL else "")
     else:
         how = f"failed with exit status {code} (its error is printed above)"
     raise AgentEnvError(f"{head}: the setting's process {how}; its run folder {run_dir} keeps what it wrote: "
@@ -310,9 +338,33 @@ def _train_setting_in_child(cfg: TrainConfig, run_dir: Path, *, resume: bool, se
 
 
 def _setting_child(cfg: TrainConfig, run_dir: str, resume: bool, seconds: float | None) -> None:
-    """The child's body (:func:`_train_setting_in_child`): exit 0, or :data:`STOPPED_EXIT` when stopped."""
-    if asyncio.run(_train_setting(cfg, Path(run_dir), resume=resume, seconds=seconds)):
+    """The child's body (:func:`_train_setting_in_child`): exit 0; :data:`STOPPED_EXIT` when stopped; 2 on an error.
+
+    It sets the allocator as ``agentenv``'s command line does (a spawned process does not inherit
+    it), and a Ctrl-C that lands before the run's own handler is set (while torch loads) is a stop.
+    """
+    from agentenv.malloc import return_freed_memory_to_os
+
+    return_freed_memory_to_os()  # before any tensor exists, as agentenv/cli.py does
+    try:
+        stopped = asyncio.run(_train_setting(cfg, Path(run_dir), resume=resume, seconds=seconds))
+    except KeyboardInterrupt:
         sys.exit(STOPPED_EXIT)
+    except AgentEnvError as exc:  # a clear error (a refused resume, a broken env): one line, as the CLI prints
+        print(f"agentenv study: {exc}", file=sys.stderr)
+        sys.exit(2)
+    if stopped:
+        sys.exit(STOPPED_EXIT)
+
+
+def _same_before(run_dir: Path, cfg: TrainConfig) -> bool:
+    """True when ``run_dir``'s ``eval_before.json`` reads and its ``config.yaml`` has ``cfg``'s :func:`before_key`."""
+    try:
+        json.loads((run_dir / "eval_before.json").read_text())
+        held = load_config(TrainConfig, read_yaml(run_dir / "config.yaml"))
+    except (OSError, ValueError, AgentEnvError):
+        return False
+    return before_key(held) == before_key(cfg)
 
 
 def _nothing_to_resume(run_dir: Path) -> bool:

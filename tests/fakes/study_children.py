@@ -34,7 +34,30 @@ def raises(cfg, run_dir: str, resume: bool, seconds) -> None:
 
 
 def waits(cfg, run_dir: str, resume: bool, seconds) -> None:
-    """Sleeps for a minute, as a setting still training (a SIGINT ends it with KeyboardInterrupt)."""
-    import time
+    """The real child body around a run that waits up to a minute for its stop (a setting still training)."""
+    import asyncio
 
-    time.sleep(60)
+    from agentenv.trainer import recipe, study
+
+    async def trains_until_stopped(cfg, run_dir, *, resume, stop, loop_seconds):
+        await asyncio.wait_for(stop.wait(), 60)
+
+    recipe.train = trains_until_stopped  # in this child only
+    study._setting_child(cfg, run_dir, resume, seconds)
+
+
+def terminated(cfg, run_dir: str, resume: bool, seconds) -> None:
+    """Dies by SIGTERM, as a setting terminated before its run set its handlers."""
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def refused(cfg, run_dir: str, resume: bool, seconds) -> None:
+    """The real child body on a setting that cannot train: a clear error, exit status 2."""
+    from agentenv.errors import ConfigError
+    from agentenv.trainer import recipe, study
+
+    async def cannot_train(*args, **kwargs):
+        raise ConfigError("this setting cannot train")
+
+    recipe.train = cannot_train  # in this child only
+    study._setting_child(cfg, run_dir, resume, seconds)

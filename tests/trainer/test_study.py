@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 
 import pytest
 
@@ -118,9 +119,14 @@ def test_a_wall_clock_setting_counts_its_loop_seconds_over_sessions(tmp_path):
     run.mkdir()
     assert loop_seconds_spent(run) == 0.0
     for train_s in (250.5, 200.0):  # two sessions, each stopped by Ctrl-C and resumed
+        started = time.time() - 1.0
         (run / "summary.json").write_text(json.dumps({"train_s": train_s}))
-        _add_loop_seconds(run)
+        _add_loop_seconds(run, since=started)
     assert loop_seconds_spent(run) == 450.5  # the third session gets 600 - 450.5 s, not 600 - 200
+    # a session stopped before it wrote a summary (Ctrl-C while torch loaded) adds nothing: the
+    # second session's summary is older than it and is not counted twice
+    _add_loop_seconds(run, since=time.time() + 1.0)
+    assert loop_seconds_spent(run) == 450.5
 
 
 def test_the_gate_study_row_reports_the_token_share_and_the_lag(tmp_path):
@@ -414,10 +420,13 @@ def test_each_setting_trains_in_its_own_process_and_a_killed_one_is_reported(tmp
         return study._train_setting_in_child("cfg", tmp_path, resume=True, seconds=9.0, head="[study s] 2/3 b",
                                              target=target)
 
-    assert child(study_children.finishes) is False  # finished: the study goes on to the next setting
+    assert child(study_children.finishes) == (True, False)  # finished: the study goes on to the next setting
     text = (tmp_path / "child.txt").read_text().split()
     assert text[:3] == ["cfg", "True", "9.0"] and int(text[3]) != os.getpid()  # another process, same arguments
-    assert child(study_children.stopped_by_the_user) is True  # Ctrl-C: the study stops, resumable
+    assert child(study_children.stopped_by_the_user) == (False, True)  # Ctrl-C: the study stops, resumable
+    assert child(study_children.terminated) == (False, True)  # SIGTERM before its handler was set: a stop too
+    with pytest.raises(AgentEnvError, match=r"failed with exit status 2 .*--resume"):
+        child(study_children.refused)  # the real body: a clear error in the run (no config) -> status 2
     with pytest.raises(AgentEnvError, match=r"2/3 b: the setting's process was killed by SIGKILL \(out of memory"):
         child(study_children.killed)
     with pytest.raises(AgentEnvError, match=r"failed with exit status 1 .*--resume"):
@@ -437,22 +446,27 @@ def test_a_sigint_sent_to_the_study_alone_reaches_the_setting_s_process(tmp_path
     timer.start()
     t0 = time.monotonic()
     try:
-        stopped = study._train_setting_in_child("cfg", tmp_path, resume=False, seconds=None, head="h",
-                                                target=study_children.waits)
+        ended = study._train_setting_in_child("cfg", tmp_path, resume=False, seconds=None, head="h",
+                                              target=study_children.waits)
     finally:
         timer.cancel()
-    assert stopped is True and time.monotonic() - t0 < 30  # passed on: the child did not sleep its minute
+    assert ended == (False, True) and time.monotonic() - t0 < 30  # passed on: the child did not sleep its minute
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the study's own handler is back
 
 
 def test_a_setting_stopped_before_its_first_checkpoint_is_trained_again_keeping_its_before(tmp_path):
+    from dataclasses import replace
+
+    import yaml
+
+    from agentenv.configio import to_dict
     from agentenv.trainer import study
 
     (setting, cfg), _ = setting_configs(STUDIES["signed_feedback"], tmp_path / "s", quick=True)
     run = tmp_path / "s" / setting.name
     assert not study._nothing_to_resume(run)  # not started
     run.mkdir(parents=True)
-    (run / "config.yaml").write_text("run: {}\n")
+    (run / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg)))
     (run / "metrics.jsonl").write_text('{"version": 1}\n')  # an update logged, killed before checkpoint 10
     (run / "eval_before.json").write_text('{"success_rate": 0.49}')
     assert study._nothing_to_resume(run)
@@ -465,3 +479,7 @@ def test_a_setting_stopped_before_its_first_checkpoint_is_trained_again_keeping_
     study._start_setting(cfg, run, tmp_path, log=log.append, head="h")
     assert sorted(p.name for p in run.iterdir()) == ["eval_before.json"]  # the rest of the old run is gone
     assert (run / "eval_before.json").read_text() == '{"success_rate": 0.49}' and log == []
+    # one of another policy (here: another model) is not kept
+    (run / "config.yaml").write_text(yaml.safe_dump(to_dict(replace(cfg, model=replace(cfg.model, name="other")))))
+    study._start_setting(cfg, run, tmp_path, log=log.append, head="h")
+    assert not (run / "eval_before.json").exists()
