@@ -118,7 +118,7 @@ def main() -> None:
     env_cls = tool_env(args.turns, args.tool_latency)
     # the recipe's model and environment builders, replaced as the tests do (random model, stand-in env)
     setup.load_policy = lambda cfg, **_: (random_lm(args.hidden, args.layers), None, CharRenderer())
-    setup.env_factory = lambda cfg: env_cls
+    setup.env_factory = lambda cfg, renderer=None: env_cls
     print(f"{os.cpu_count()} CPUs, torch {torch.get_num_threads()} threads; B={args.batch}, {args.updates} updates, "
           f"{args.turns} tool calls x {args.tool_latency} s, {args.new_tokens} tokens per reply, "
           f"Llama {args.layers}x{args.hidden}")
