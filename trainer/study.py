@@ -239,7 +239,7 @@ def _add_loop_seconds(run_dir: Path, *, since: float) -> None:
     summary = run_dir / "summary.json"
     if not summary.is_file() or summary.stat().st_mtime < since:
         return
-    spent = loop_seconds_spent(run_dir) + json.loads((run_dir / "summary.json").read_text())["train_s"]
+    spent = loop_seconds_spent(run_dir) + json.loads(summary.read_text())["train_s"]
     _write_json(run_dir / BUDGET_FILE, {"loop_s": spent})
 
 
@@ -252,9 +252,8 @@ def _start_setting(cfg: TrainConfig, run_dir: Path, share_in: Path | None, *, lo
     """Make a fresh run folder (a folder with no ``config.yaml`` holds no run).
 
     A folder started again (:func:`_nothing_to_resume`) keeps its ``eval_before.json`` when it is of
-    the same policy (:func:`_same_before`). Else, with
-    ``share_in``, copy the "before" evaluation of a run under it that starts from the same policy
-    (marked ``shared_from``).
+    the same policy (:func:`_same_before`). Else, with ``share_in``, copy the "before" evaluation of a
+    run under it that starts from the same policy (marked ``shared_from``).
     """
     from agentenv.trainer.recipe import prepare_run_dir
 
@@ -310,8 +309,8 @@ def _train_setting_in_child(cfg: TrainConfig, run_dir: Path, *, resume: bool, se
         if child.pid is not None and child.exitcode is None:
             os.kill(child.pid, signum)
 
-    main = threading.current_thread() is threading.main_thread()
-    previous = {sig: signal.signal(sig, pass_on) for sig in (signal.SIGINT, signal.SIGTERM)} if main else {}
+    on_main_thread = threading.current_thread() is threading.main_thread()
+    previous = {sig: signal.signal(sig, pass_on) for sig in (signal.SIGINT, signal.SIGTERM)} if on_main_thread else {}
     try:
         child.start()
         if signalled:  # arrived while the child was starting, before it had a pid

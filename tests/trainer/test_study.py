@@ -426,7 +426,7 @@ def test_each_setting_trains_in_its_own_process_and_a_killed_one_is_reported(tmp
     assert child(study_children.stopped_by_the_user) == (False, True)  # Ctrl-C: the study stops, resumable
     assert child(study_children.terminated) == (False, True)  # SIGTERM before its handler was set: a stop too
     with pytest.raises(AgentEnvError, match=r"failed with exit status 2 .*--resume"):
-        child(study_children.refused)  # the real body: a clear error in the run (no config) -> status 2
+        child(study_children.refused)  # the real body: a clear error in the run -> one line, status 2
     with pytest.raises(AgentEnvError, match=r"2/3 b: the setting's process was killed by SIGKILL \(out of memory"):
         child(study_children.killed)
     with pytest.raises(AgentEnvError, match=r"failed with exit status 1 .*--resume"):
