@@ -57,7 +57,7 @@ from agentenv.trainer.checkpoint import (
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["LOGS", "RUN_STATE_FORMAT", "Resumed", "check_resumable", "ensure_run_id", "resume",
+__all__ = ["LOGS", "RUN_STATE_FORMAT", "Resumed", "check_resumable", "ensure_run_id", "records_updates", "resume",
            "run_identity", "run_state"]
 
 RUN_STATE_FORMAT = 2
@@ -178,11 +178,10 @@ def resume(run_dir: Path, checkpoints: CheckpointManager, learner: Any, pool: An
     root = checkpoints.root
     path = latest_checkpoint(root)
     if path is None:
-        logged = run_dir / "metrics.jsonl"
-        if logged.is_file() and logged.stat().st_size:
-            raise RunFolderError(f"--resume: {root} holds no checkpoint, but {logged} records updates (killed "
-                                 "before its first checkpoint, or the checkpoints were removed): nothing to resume "
-                                 "from; start the run again with --overwrite")
+        if records_updates(run_dir):
+            raise RunFolderError(f"--resume: {root} holds no checkpoint, but {run_dir / 'metrics.jsonl'} records "
+                                 "updates (killed before its first checkpoint, or the checkpoints were removed): "
+                                 "nothing to resume from; start the run again with --overwrite")
         done = Resumed(removed=discard_unpublished(root), count=1,
                        discarded_lines=_cut_logs(run_dir, dict.fromkeys(LOGS, 0)))
         logger.info("no checkpoint under %s yet (stopped before the first update): starting at policy version 0%s",
@@ -230,6 +229,12 @@ def resume(run_dir: Path, checkpoints: CheckpointManager, learner: Any, pool: An
 
 
 # -- helpers ---------------------------------------------------------------------------------------
+def records_updates(run_dir: Path) -> bool:
+    """True when ``run_dir/metrics.jsonl`` holds a line (an update was logged)."""
+    logged = run_dir / "metrics.jsonl"
+    return logged.is_file() and logged.stat().st_size > 0
+
+
 def _log_sizes(run_dir: Path) -> dict[str, int]:
     return {name: (run_dir / name).stat().st_size if (run_dir / name).is_file() else 0 for name in LOGS}
 

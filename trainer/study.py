@@ -42,7 +42,15 @@ from agentenv.trainer.studies import (
     Setting,
     Study,
 )
-from agentenv.trainer.study_share import MARKER, before_key, copy_finished, find_before, find_finished, setting_key
+from agentenv.trainer.study_share import (
+    MARKER,
+    before_key,
+    copy_finished,
+    find_before,
+    find_finished,
+    has_before,
+    setting_key,
+)
 
 __all__ = ["get_study", "main", "run_study", "setting_configs", "study_row", "wilson_interval"]
 
@@ -171,13 +179,13 @@ def run_study(name: str, root: Path, *, quick: bool = False, resume: bool = Fals
         run_dir, user_stop = root / setting.name, False
         head = f"[study {study.name}] {i}/{len(configs)} {setting.name}"
         key = setting_key(cfg, seconds)
-        partial = (run_dir / "config.yaml").is_file()
-        if partial and not (run_dir / MARKER).is_file() and _nothing_to_resume(run_dir):
+        partial, finished_before = (run_dir / "config.yaml").is_file(), (run_dir / MARKER).is_file()
+        if partial and not finished_before and _nothing_to_resume(run_dir):
             log(f"{head}: stopped before its first checkpoint (run.checkpoint_every = {cfg.run.checkpoint_every}): "
                 "nothing to resume from, starting it again")
             partial = False
         same = find_finished(root.parent, key, exclude=run_dir) if share and not partial else None
-        if (run_dir / MARKER).is_file():
+        if finished_before:
             log(f"{head}: finished before, kept")
         elif same is not None:
             copy_finished(same, run_dir)
@@ -252,13 +260,13 @@ def _start_setting(cfg: TrainConfig, run_dir: Path, share_in: Path | None, *, lo
     """Make a fresh run folder (a folder with no ``config.yaml`` holds no run).
 
     A folder started again (:func:`_nothing_to_resume`) keeps its ``eval_before.json`` when it is of
-    the same policy (:func:`_same_before`). Else, with ``share_in``, copy the "before" evaluation of a
-    run under it that starts from the same policy (marked ``shared_from``).
+    the same policy (:func:`~agentenv.trainer.study_share.has_before`). Else, with ``share_in``, copy
+    the "before" evaluation of a run under it that starts from the same policy (marked ``shared_from``).
     """
     from agentenv.trainer.recipe import prepare_run_dir
 
     own = run_dir / "eval_before.json"  # a setting started again keeps its own if it measured this policy
-    kept = own.read_text() if own.is_file() and _same_before(run_dir, cfg) else None
+    kept = own.read_text() if has_before(run_dir, before_key(cfg)) else None
     prepare_run_dir(cfg, resume=False, overwrite=True)
     if kept is not None:
         own.write_text(kept)
@@ -356,16 +364,6 @@ def _setting_child(cfg: TrainConfig, run_dir: str, resume: bool, seconds: float 
         sys.exit(STOPPED_EXIT)
 
 
-def _same_before(run_dir: Path, cfg: TrainConfig) -> bool:
-    """True when ``run_dir``'s ``eval_before.json`` reads and its ``config.yaml`` has ``cfg``'s :func:`before_key`."""
-    try:
-        json.loads((run_dir / "eval_before.json").read_text())
-        held = load_config(TrainConfig, read_yaml(run_dir / "config.yaml"))
-    except (OSError, ValueError, AgentEnvError):
-        return False
-    return before_key(held) == before_key(cfg)
-
-
 def _nothing_to_resume(run_dir: Path) -> bool:
     """True when a started setting has logged updates but no published checkpoint.
 
@@ -373,9 +371,9 @@ def _nothing_to_resume(run_dir: Path) -> bool:
     lost), so the study trains the setting again.
     """
     from agentenv.trainer.checkpoint import latest_checkpoint
+    from agentenv.trainer.resume import records_updates
 
-    logged = run_dir / "metrics.jsonl"
-    return latest_checkpoint(run_dir / "checkpoints") is None and logged.is_file() and logged.stat().st_size > 0
+    return latest_checkpoint(run_dir / "checkpoints") is None and records_updates(run_dir)
 
 
 async def _train_setting(cfg: TrainConfig, run_dir: Path, *, resume: bool, seconds: float | None) -> bool:

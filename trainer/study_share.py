@@ -30,7 +30,7 @@ from agentenv.configio import load_config, read_yaml, to_dict
 from agentenv.errors import AgentEnvError
 from agentenv.trainer.config import TrainConfig
 
-__all__ = ["before_key", "copy_finished", "find_before", "find_finished", "setting_key"]
+__all__ = ["before_key", "copy_finished", "find_before", "find_finished", "has_before", "setting_key"]
 
 MARKER = "study_setting.json"
 #: Config sections that decide the policy the updates start from and how it is evaluated.
@@ -84,16 +84,22 @@ def find_before(parent: Path, cfg: TrainConfig, *, exclude: Path) -> Path | None
     """
     key = before_key(cfg)
     for run in _study_runs(parent, "eval_before.json"):
-        if run.resolve() == exclude.resolve():
-            continue
-        try:
-            json.loads((run / "eval_before.json").read_text())
-            held = load_config(TrainConfig, read_yaml(run / "config.yaml"))
-        except (OSError, ValueError, AgentEnvError):
-            continue
-        if before_key(held) == key:
+        if run.resolve() != exclude.resolve() and has_before(run, key):
             return run
     return None
+
+
+def has_before(run: Path, key: str) -> bool:
+    """True when ``run``'s ``eval_before.json`` reads and its ``config.yaml`` has :func:`before_key` ``key``.
+
+    A run whose config or report cannot be read (killed while writing) has none.
+    """
+    try:
+        json.loads((run / "eval_before.json").read_text())
+        held = load_config(TrainConfig, read_yaml(run / "config.yaml"))
+    except (OSError, ValueError, AgentEnvError):
+        return False
+    return before_key(held) == key
 
 
 def copy_finished(src: Path, dst: Path) -> None:
