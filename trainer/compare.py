@@ -6,15 +6,15 @@ and writes a table of training wall-clock time (the update loop, without model l
 held-out evaluation, which the comparison turns off unless ``eval.problems=N`` is passed), reward,
 generation and waiting staleness, rejection rate, the share of the loop's wall-clock time the
 generation engine was busy, and the overlap bound and overlap achieved of the engine, environments and
-learner (:func:`agentenv.trainer.overlap.overlap`; None for a run that predates them).
+learner (:func:`agentenv.trainer.overlap.overlap`; None for a run that predates them). Each setting
+trains in a child process of its own (:mod:`agentenv.trainer.run_process`), so memory one run leaves
+behind cannot add up over the four.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
-import signal
 import statistics
 import sys
 from pathlib import Path
@@ -24,7 +24,8 @@ from agentenv.configio import apply_overrides, load_config, read_yaml
 from agentenv.errors import AgentEnvError
 from agentenv.trainer.config import TrainConfig
 from agentenv.trainer.plots import read_jsonl
-from agentenv.trainer.recipe import prepare_run_dir, resolve_recipe, train
+from agentenv.trainer.recipe import prepare_run_dir, resolve_recipe
+from agentenv.trainer.run_process import train_in_child
 
 #: (name, run.mode, staleness.policy)
 SETTINGS = (("sync", "sync", "sync"), ("async-none", "async", "none"),
@@ -76,7 +77,11 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``agentenv compare``."""
+    """Entry point of ``agentenv compare``: 0 when every setting finished, 130 when Ctrl-C stopped one, 2 on an error.
+
+    The table (``compare.md``, ``compare.json`` under ``--out``) has the settings that finished, also
+    after a stop or an error.
+    """
     ap = argparse.ArgumentParser(
         prog="agentenv compare",
         description="Train one recipe synchronously and asynchronously (staleness policies none, max_lag, "
@@ -87,46 +92,40 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--updates", type=int, default=10, help="updates per setting (default: %(default)s)")
     ap.add_argument("--out", default="runs/compare",
                     help="folder for one run folder per setting and compare.md/.json (default: %(default)s)")
-    ap.add_argument("--only", nargs="*", help="a subset of: " + ", ".join(s[0] for s in SETTINGS))
+    ap.add_argument("--only", nargs="*", choices=[s[0] for s in SETTINGS], metavar="SETTING",
+                    help="a subset of: " + ", ".join(s[0] for s in SETTINGS))
     ap.add_argument("--overwrite", action="store_true", help="replace existing run folders under --out")
     ap.add_argument("overrides", nargs="*", help="section.field=value overrides for every setting")
     args = ap.parse_args(argv)
     out = Path(args.out)
-    rows, interrupted = [], False
+    rows, status = [], 0
+    chosen = [s for s in SETTINGS if not args.only or s[0] in args.only]
     try:
         base = apply_overrides(read_yaml(resolve_recipe(args.recipe)), ["eval.problems=0", *args.overrides])
-        for name, mode, policy in SETTINGS:
-            if args.only and name not in args.only:
-                continue
+        for i, (name, mode, policy) in enumerate(chosen):
             data = apply_overrides(base, [f"run.mode={mode}", f"staleness.policy={policy}",
                                           f"run.updates={args.updates}", f"run.run_dir={out / name}"])
             cfg = load_config(TrainConfig, data)
             run_dir = prepare_run_dir(cfg, resume=False, overwrite=args.overwrite)
             print(f"== {name} ==", file=sys.stderr)
-            if asyncio.run(_train_until_ctrl_c(cfg, run_dir)):
-                print(f"agentenv compare: stopped during {name}; the table has the settings that finished",
-                      file=sys.stderr)
-                interrupted = True
+            left = " ".join(n for n, _, _ in chosen[i:])
+            finished, user_stop = train_in_child(
+                cfg, run_dir, resume=False, seconds=None, head=name,
+                then=f"run it again with --overwrite (add --only {left} to keep the settings that finished)")
+            if finished:
+                rows.append(summarize(name, run_dir))
+            if user_stop:
+                print(f"agentenv compare: stopped {'after' if finished else 'during'} {name}; the table has the "
+                      "settings that finished", file=sys.stderr)
+                status = 130
                 break
-            rows.append(summarize(name, run_dir))
-    except AgentEnvError as exc:
+    except AgentEnvError as exc:  # the table still gets the settings that finished before
         print(f"agentenv compare: {exc}", file=sys.stderr)
-        return 2
-    if not rows:
-        return 130 if interrupted else 0
-    rows = with_ratio_to_sync(rows)
-    table = markdown_table(rows)
-    print(table)
-    (out / "compare.md").write_text(table + "\n")
-    (out / "compare.json").write_text(json.dumps(rows, indent=2))
-    return 130 if interrupted else 0
-
-
-async def _train_until_ctrl_c(cfg: TrainConfig, run_dir: Path) -> bool:
-    """Train one setting; Ctrl-C stops it cleanly (as in ``agentenv train``). Returns True when stopped."""
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGINT, stop.set)
-    loop.add_signal_handler(signal.SIGTERM, stop.set)
-    await train(cfg, run_dir, stop=stop)
-    return stop.is_set()
+        status = 2
+    if rows:
+        rows = with_ratio_to_sync(rows)
+        table = markdown_table(rows)
+        print(table)
+        (out / "compare.md").write_text(table + "\n")
+        (out / "compare.json").write_text(json.dumps(rows, indent=2))
+    return status

@@ -12,15 +12,10 @@ setting that finished gets ``study_setting.json`` and is never run again; a sett
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import math
-import multiprocessing
-import os
-import signal
 import statistics
 import sys
-import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -30,6 +25,7 @@ from agentenv.configio import apply_overrides, load_config, read_yaml
 from agentenv.errors import AgentEnvError, ConfigError, DataError, RunFolderError
 from agentenv.trainer.compare import markdown_table, summarize
 from agentenv.trainer.config import TrainConfig
+from agentenv.trainer.run_process import train_in_child
 from agentenv.trainer.significance import Z95, paired_bootstrap
 from agentenv.trainer.studies import (
     BASE_OVERRIDES,
@@ -164,7 +160,7 @@ def run_study(name: str, root: Path, *, quick: bool = False, resume: bool = Fals
     Raises:
         ConfigError: unknown or not-runnable study, a setting that cannot apply (before anything runs).
         RunFolderError: see :func:`check_folder`.
-        AgentEnvError: a setting's process failed or was killed (:func:`_train_setting_in_child`).
+        AgentEnvError: a setting's process failed or was killed (:func:`~agentenv.trainer.run_process.train_in_child`).
     """
     study = get_study(name)
     configs = setting_configs(study, root, quick=quick, overrides=overrides)
@@ -199,7 +195,8 @@ def run_study(name: str, root: Path, *, quick: bool = False, resume: bool = Fals
             log(f"{head}: {'resuming' if partial else 'training'} "
                 + (f"for {left:.0f} s" if left is not None else f"to {cfg.run.updates} updates"))
             started = time.time()
-            finished, user_stop = _train_setting_in_child(cfg, run_dir, resume=partial, seconds=left, head=head)
+            finished, user_stop = train_in_child(cfg, run_dir, resume=partial, seconds=left, head=head,
+                                                  then="run the same command with --resume")
             if seconds is not None:
                 _add_loop_seconds(run_dir, since=started)
             if not finished:
@@ -280,90 +277,6 @@ def _start_setting(cfg: TrainConfig, run_dir: Path, share_in: Path | None, *, lo
             f"model, warm-up, rollout budgets, env and evaluation (key {before_key(cfg)})")
 
 
-#: A setting's child process exits with this status when Ctrl-C (or SIGTERM) stopped its run.
-STOPPED_EXIT = 3
-
-
-def _train_setting_in_child(cfg: TrainConfig, run_dir: Path, *, resume: bool, seconds: float | None,
-                            head: str, target: Callable[..., None] | None = None) -> tuple[bool, bool]:
-    """Train one setting (:func:`_train_setting`) in a fresh child process.
-
-    Returns ``(finished, user_stop)``: whether the setting's run finished (its budget spent), and
-    whether a Ctrl-C or SIGTERM arrived (the study then stops after this setting; a run stopped
-    before it finished is resumable).
-
-    One process per setting: whatever a setting leaves in memory (the allocator's heap, the weight
-    snapshots of ``staleness.forced_lag``, caches) cannot add up over a study's settings (in one
-    process, ``gate_under_lag``'s second setting passed 24 GB and was killed), and a setting killed
-    from outside (the out-of-memory killer) is reported instead of ending the study without a word.
-    The child is spawned (no fork of a process that holds threads and a model), prints to the same
-    terminal, and gets the terminal's Ctrl-C itself; a SIGINT or SIGTERM sent to this process alone is
-    passed on to it (only when this is the main thread: elsewhere Python cannot set signal handlers).
-    A child killed by SIGINT or SIGTERM counts as stopped. The run folder keeps what the child
-    wrote, so ``--resume`` continues it. ``target`` (tests) replaces the child's body
-    :func:`_setting_child` (a module-level function with the same arguments).
-
-    Raises:
-        AgentEnvError: the child failed (its error is above on stderr) or was killed by a signal other
-            than SIGINT or SIGTERM, naming the setting, the exit status and the way to continue.
-    """
-    child = multiprocessing.get_context("spawn").Process(
-        target=target or _setting_child, args=(cfg, str(run_dir), resume, seconds),
-        name=f"agentenv-study-{run_dir.name}")
-    signalled: list[int] = []
-
-    def pass_on(signum: int, _frame: Any) -> None:
-        signalled.append(signum)
-        if child.pid is not None and child.exitcode is None:
-            os.kill(child.pid, signum)
-
-    on_main_thread = threading.current_thread() is threading.main_thread()
-    previous = {sig: signal.signal(sig, pass_on) for sig in (signal.SIGINT, signal.SIGTERM)} if on_main_thread else {}
-    try:
-        child.start()
-        if signalled:  # arrived while the child was starting, before it had a pid
-            os.kill(child.pid, signalled[-1])
-        child.join()
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    code = child.exitcode
-    if code == 0:
-        return True, bool(signalled)
-    if code in (STOPPED_EXIT, -signal.SIGINT, -signal.SIGTERM):
-        return False, True
-    if code is not None and code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
-        how = f"was killed by {name}" + (" (out of memory? see dmesg)" if -code == signal.SIGKILL else "")
-    else:
-        how = f"failed with exit status {code} (its error is printed above)"
-    raise AgentEnvError(f"{head}: the setting's process {how}; its run folder {run_dir} keeps what it wrote: "
-                        "fix the cause and run the same command with --resume")
-
-
-def _setting_child(cfg: TrainConfig, run_dir: str, resume: bool, seconds: float | None) -> None:
-    """The child's body (:func:`_train_setting_in_child`): exit 0; :data:`STOPPED_EXIT` when stopped; 2 on an error.
-
-    It sets the allocator as ``agentenv``'s command line does (a spawned process does not inherit
-    it), and a Ctrl-C that lands before the run's own handler is set (while torch loads) is a stop.
-    """
-    from agentenv.malloc import return_freed_memory_to_os
-
-    return_freed_memory_to_os()  # before any tensor exists, as agentenv/cli.py does
-    try:
-        stopped = asyncio.run(_train_setting(cfg, Path(run_dir), resume=resume, seconds=seconds))
-    except KeyboardInterrupt:
-        sys.exit(STOPPED_EXIT)
-    except AgentEnvError as exc:  # a clear error (a refused resume, a broken env): one line, as the CLI prints
-        print(f"agentenv study: {exc}", file=sys.stderr)
-        sys.exit(2)
-    if stopped:
-        sys.exit(STOPPED_EXIT)
-
-
 def _nothing_to_resume(run_dir: Path) -> bool:
     """True when a started setting has logged updates but no published checkpoint.
 
@@ -374,28 +287,6 @@ def _nothing_to_resume(run_dir: Path) -> bool:
     from agentenv.trainer.resume import records_updates
 
     return latest_checkpoint(run_dir / "checkpoints") is None and records_updates(run_dir)
-
-
-async def _train_setting(cfg: TrainConfig, run_dir: Path, *, resume: bool, seconds: float | None) -> bool:
-    """Train one setting; end its update loop after ``seconds`` (the wall-clock budget) if given.
-
-    The budget counts the update loop only (train's ``loop_seconds``), so a setting that computes its
-    "before" evaluation and one that copied it get the same time to train. A spent budget is not an
-    interruption: the run is evaluated on the held-out tasks after it, as one that reached its
-    updates. Returns True when Ctrl-C (or SIGTERM) stopped it.
-    """
-    from agentenv.trainer.recipe import train
-
-    user = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, user.set)
-    try:
-        await train(cfg, run_dir, resume=resume, stop=user, loop_seconds=seconds)
-    finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(sig)
-    return user.is_set()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -44,3 +44,46 @@ def test_a_run_without_overlap_figures_has_none(tmp_path):
     _jsonl(tmp_path / "staleness.jsonl", [{"gs": 0, "ws": 0}])
     row = summarize("sync", tmp_path)
     assert (row["overlap_bound"], row["overlap_achieved"]) == (None, None)
+
+
+def test_compare_trains_each_setting_in_a_child_and_keeps_the_finished_rows_after_a_stop_or_an_error(
+        tmp_path, monkeypatch, capsys):
+    from agentenv.errors import AgentEnvError
+    from agentenv.trainer import compare
+
+    outcomes, seen = {}, []
+
+    def fake_child(cfg, run_dir, *, resume, seconds, head, then):
+        seen.append((head, cfg.run.mode, cfg.staleness.policy, cfg.run.updates, cfg.eval.problems, resume, then))
+        if isinstance(outcomes[head], Exception):
+            raise outcomes[head]
+        return outcomes[head]
+
+    monkeypatch.setattr(compare, "train_in_child", fake_child)
+    def fake_row(name, run_dir):  # the n-th setting trained took 100 - 20 n seconds
+        return {"setting": name, "train_s": 100.0 - 20 * len(seen)}
+
+    monkeypatch.setattr(compare, "summarize", fake_row)
+
+    outcomes.update({"sync": (True, False), "async-none": (True, True)})  # Ctrl-C after async-none had finished
+    assert compare.main(["--updates", "3", "--out", str(tmp_path / "a")]) == 130
+    assert seen == [("sync", "sync", "sync", 3, 0, False, "run it again with --overwrite (add --only sync "
+                     "async-none async-max_lag async-pace to keep the settings that finished)"),
+                    ("async-none", "async", "none", 3, 0, False, "run it again with --overwrite (add --only "
+                     "async-none async-max_lag async-pace to keep the settings that finished)")]
+    rows = json.loads((tmp_path / "a" / "compare.json").read_text())
+    assert [(r["setting"], r["time_vs_sync"]) for r in rows] == [("sync", 1.0), ("async-none", 0.75)]  # 60 s / 80 s
+    assert "stopped after async-none" in capsys.readouterr().err
+
+    seen.clear()
+    outcomes.update({"async-max_lag": (False, True)})  # Ctrl-C during the run: no row for it
+    assert compare.main(["--only", "sync", "async-max_lag", "--out", str(tmp_path / "b")]) == 130
+    assert [r["setting"] for r in json.loads((tmp_path / "b" / "compare.json").read_text())] == ["sync"]
+    assert "stopped during async-max_lag" in capsys.readouterr().err
+
+    seen.clear()
+    outcomes.update({"async-none": AgentEnvError("async-none: the run's process was killed by SIGKILL")})
+    assert compare.main(["--out", str(tmp_path / "c")]) == 2  # the OOM killer: reported, the table kept
+    assert [s[0] for s in seen] == ["sync", "async-none"]
+    assert [r["setting"] for r in json.loads((tmp_path / "c" / "compare.json").read_text())] == ["sync"]
+    assert "agentenv compare: async-none: the run's process was killed by SIGKILL" in capsys.readouterr().err

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from agentenv.errors import AgentEnvError, ConfigError, DataError, RunFolderError
+from agentenv.errors import ConfigError, DataError, RunFolderError
 from agentenv.trainer.significance import paired_bootstrap
 from agentenv.trainer.studies import STUDIES, WALL_CLOCK_S, Setting, Study
 from agentenv.trainer.study import (
@@ -249,23 +249,9 @@ def test_bad_input_is_a_clear_error_before_anything_runs(tmp_path, capsys, monke
     assert "known studies: one_vs_group" in capsys.readouterr().err
 
 
-def test_the_wall_clock_budget_stops_a_setting_and_is_not_a_user_stop(monkeypatch):
-    import asyncio
-    import time
+def test_a_wall_clock_study_has_seconds_and_an_equal_updates_study_updates():
+    from agentenv.trainer import study
 
-    from agentenv.trainer import recipe, study
-
-    seen = {}
-
-    async def fake_train(cfg, run_dir, *, resume, stop, loop_seconds):  # the real loop's budget: its own timer
-        seen.update(resume=resume, loop_seconds=loop_seconds)
-        await asyncio.sleep(loop_seconds)
-        assert not stop.is_set()  # the budget is not a user's stop: the run is evaluated after it
-
-    monkeypatch.setattr(recipe, "train", fake_train)
-    t0 = time.monotonic()
-    assert asyncio.run(study._train_setting(None, None, resume=True, seconds=0.2)) is False
-    assert seen == {"resume": True, "loop_seconds": 0.2} and time.monotonic() - t0 < 2
     assert study.budget(STUDIES["staleness_wall_clock"], quick=False) == (study.WALL_CLOCK_UPDATES, 600.0)
     assert study.budget(STUDIES["signed_feedback"], quick=True) == (2, None)
 
@@ -410,50 +396,6 @@ def test_study_all_runs_every_runnable_study_in_its_folder_and_resumes_only_thos
     assert calls == [("entropy_filter", study.Path("runs/study/entropy_filter-quick"), True, True)]
 
 
-def test_each_setting_trains_in_its_own_process_and_a_killed_one_is_reported(tmp_path):
-    import os
-
-    from agentenv.trainer import study
-    from tests.fakes import study_children
-
-    def child(target):
-        return study._train_setting_in_child("cfg", tmp_path, resume=True, seconds=9.0, head="[study s] 2/3 b",
-                                             target=target)
-
-    assert child(study_children.finishes) == (True, False)  # finished: the study goes on to the next setting
-    text = (tmp_path / "child.txt").read_text().split()
-    assert text[:3] == ["cfg", "True", "9.0"] and int(text[3]) != os.getpid()  # another process, same arguments
-    assert child(study_children.stopped_by_the_user) == (False, True)  # Ctrl-C: the study stops, resumable
-    assert child(study_children.terminated) == (False, True)  # SIGTERM before its handler was set: a stop too
-    with pytest.raises(AgentEnvError, match=r"failed with exit status 2 .*--resume"):
-        child(study_children.refused)  # the real body: a clear error in the run -> one line, status 2
-    with pytest.raises(AgentEnvError, match=r"2/3 b: the setting's process was killed by SIGKILL \(out of memory"):
-        child(study_children.killed)
-    with pytest.raises(AgentEnvError, match=r"failed with exit status 1 .*--resume"):
-        child(study_children.raises)
-
-
-def test_a_sigint_sent_to_the_study_alone_reaches_the_setting_s_process(tmp_path):
-    import os
-    import signal
-    import threading
-    import time
-
-    from agentenv.trainer import study
-    from tests.fakes import study_children
-
-    timer = threading.Timer(3.0, os.kill, (os.getpid(), signal.SIGINT))  # not the terminal's: this process only
-    timer.start()
-    t0 = time.monotonic()
-    try:
-        ended = study._train_setting_in_child("cfg", tmp_path, resume=False, seconds=None, head="h",
-                                              target=study_children.waits)
-    finally:
-        timer.cancel()
-    assert ended == (False, True) and time.monotonic() - t0 < 30  # passed on: the child did not sleep its minute
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the study's own handler is back
-
-
 def test_a_setting_stopped_before_its_first_checkpoint_is_trained_again_keeping_its_before(tmp_path):
     from dataclasses import replace
 
@@ -483,3 +425,19 @@ def test_a_setting_stopped_before_its_first_checkpoint_is_trained_again_keeping_
     (run / "config.yaml").write_text(yaml.safe_dump(to_dict(replace(cfg, model=replace(cfg.model, name="other")))))
     study._start_setting(cfg, run, tmp_path, log=log.append, head="h")
     assert not (run / "eval_before.json").exists()
+
+
+def test_a_setting_s_process_is_told_how_to_continue_and_a_stop_ends_the_study(tmp_path, monkeypatch):
+    from agentenv.trainer import study
+
+    seen = []
+
+    def stopped(cfg, run_dir, *, resume, seconds, head, then):
+        seen.append((run_dir.name, resume, seconds, head, then))
+        return False, True  # Ctrl-C during the first setting
+
+    monkeypatch.setattr(study, "train_in_child", stopped)
+    result = run_study("signed_feedback", tmp_path / "s", quick=True, share=False, log=lambda m: None)
+    assert result["interrupted"] and result["rows"] == []
+    assert seen == [("full_baseline", False, None, "[study signed_feedback] 1/2 full_baseline",
+                     "run the same command with --resume")]
