@@ -1,7 +1,10 @@
 """FlashREINFORCE's gate choice (``optim.gate``): sequence (the method), a token-local mask, none.
 
-Losses, gradients and masks against hand-computed tensors, and the sequence gate bit for bit as it
-was before the choice existed (values recorded with the previous implementation, as float hex).
+Losses, gradients and masks against hand-computed tensors, and the sequence gate as it was before the
+choice existed (values recorded with the previous implementation, as float hex), to within 64 units of
+``dtype``'s epsilon, relative: the vectorised log and a reduction's order differ between CPUs, and D_i
+sums two terms that nearly cancel, so its last bits move (the recording machine and the CI's gave D_0 in
+float64 6 ulps apart, 9e-16 relative). Any change to the formula moves the values by far more.
 """
 
 from __future__ import annotations
@@ -131,7 +134,7 @@ def test_token_gate_with_token_mean_and_a_precomputed_decision():
         flash_reinforce_loss(lq, lp, mask, adv, lengths, B, gate="tokens")
 
 
-# -- the sequence gate bit for bit as before ------------------------------------------------------
+# -- the sequence gate as before, to the last bits ------------------------------------------------------
 def _old_inputs(dtype):
     lq = torch.tensor([[-0.5, -1.2, -0.1, 0.0], [-2.0, -0.3, -0.7, -1.5], [-0.05, -3.0, -0.9, -0.2]], dtype=dtype)
     lp = torch.tensor([[-0.6, -1.0, -0.1, 0.0], [-1.0, -0.3, -0.9, -1.4], [-0.05, -2.5, -0.8, -0.2]], dtype=dtype)
@@ -168,19 +171,29 @@ BEFORE = {
 }
 
 
+def _assert_within_ulps(actual: list[float], expected_hex: list[str], dtype: torch.dtype, ulps: int = 64) -> None:
+    """Each value within ``ulps`` times ``dtype``'s epsilon, relative, of the recorded one (an exact 0 stays 0)."""
+    eps = torch.finfo(dtype).eps
+    expected = [float.fromhex(x) for x in expected_hex]
+    for a, e in zip(actual, expected, strict=True):
+        assert abs(a - e) <= ulps * eps * abs(e), (a, e, expected_hex)
+
+
 @pytest.mark.parametrize("name", list(BEFORE))
 @pytest.mark.parametrize("explicit", [False, True])
-def test_the_sequence_gate_is_bit_identical_to_before(name, explicit):
+def test_the_sequence_gate_is_as_before_to_the_last_bits(name, explicit):
     dtype, kw, loss, grad, admitted, d, kept, surrogate = BEFORE[name]
     lq, lp, mask, adv, ent = _old_inputs(dtype)
     kw = dict(kw, **({"entropies": ent} if "entropy_keep_fraction" in kw else {}),
               **({"gate": "sequence"} if explicit else {}))
     out = flash_reinforce_loss(lq, lp, mask, adv, mask.sum(1), 4, **kw)
     out.loss.backward()
-    assert out.loss.item() == float.fromhex(loss)
-    assert lq.grad.flatten().tolist() == [float.fromhex(x) for x in grad]
-    assert out.admitted.tolist() == admitted and out.d.tolist() == [float.fromhex(x) for x in d]
-    assert out.stats.kept_tokens == kept and out.stats.surrogate_sum == float.fromhex(surrogate)
+    _assert_within_ulps([out.loss.item()], [loss], dtype)
+    _assert_within_ulps(lq.grad.flatten().tolist(), grad, dtype)
+    assert out.admitted.tolist() == admitted
+    _assert_within_ulps(out.d.tolist(), d, dtype)
+    assert out.stats.kept_tokens == kept
+    _assert_within_ulps([out.stats.surrogate_sum], [surrogate], dtype)
     assert out.stats.admitted_tokens == int((mask & out.admitted.unsqueeze(1)).sum())
 
 
