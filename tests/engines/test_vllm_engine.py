@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -76,6 +77,27 @@ def te_logprobs(model, tokens, temperature, top_p):
     return lp.gather(1, torch.tensor(tokens)[:, None])[:, 0]
 
 
+async def swap_mid_generation(engine, request, weights, version: int):
+    """Generate ``request``; once it holds 6 tokens, load ``weights`` as ``version``; return its output.
+
+    The safetensors file is written before the request starts (``update_weights`` writes and checks it
+    before pausing, seconds for this model), so the swap lands within a pause of the sixth token
+    and not after the request's last one on a busy machine.
+    """
+    folder = await asyncio.to_thread(engine._write_weights, weights)
+    engine._write_weights = lambda _: folder  # this update only: the instance attribute hides the method
+    try:
+        task = asyncio.create_task(engine.generate(PROMPT, request))
+        deadline = time.monotonic() + 120
+        while not any(len(live.tokens) >= 6 for live in engine._live.values()):
+            assert time.monotonic() < deadline and not task.done()
+            await asyncio.sleep(0.005)
+        await engine.update_weights(Path(folder, "model.safetensors"), version)
+    finally:
+        del engine._write_weights
+    return await task
+
+
 async def test_vllm_generates_swaps_mid_generation_and_matches_transformers(monkeypatch):
     from transformers import AutoModelForCausalLM
 
@@ -106,14 +128,8 @@ async def test_vllm_generates_swaps_mid_generation_and_matches_transformers(monk
         assert (raw - ref).abs().max() > 1e-3  # raw log-probs would have been a different answer
 
         # 2. a swap lands mid-generation: two spans, split where it landed, budget kept
-        task = asyncio.create_task(engine.generate(PROMPT, SamplingParams(max_new_tokens=48, seed=5)))
-        deadline = time.monotonic() + 120
-        while not any(len(live.tokens) >= 6 for live in engine._live.values()):
-            assert time.monotonic() < deadline and not task.done()
-            await asyncio.sleep(0.005)
-        await engine.update_weights(new.state_dict(), 1)
+        out = await swap_mid_generation(engine, SamplingParams(max_new_tokens=48, seed=5), new.state_dict(), 1)
         assert engine.version == 1
-        out = await task
         assert len(out.token_ids) == 48 and out.finish_reason == "length"
         assert [(s.version, s.prefix_version) for s in out.spans] == [(0, 0), (1, 0)]
         assert out.spans[0].num_tokens >= 6 and sum(s.num_tokens for s in out.spans) == 48
@@ -171,13 +187,7 @@ async def test_vllm_recompute_mode_rescores_the_prefix_under_new_weights(monkeyp
         dtype="float32",
     )
     try:
-        task = asyncio.create_task(engine.generate(PROMPT, SamplingParams(max_new_tokens=40, seed=5)))
-        deadline = time.monotonic() + 120
-        while not any(len(live.tokens) >= 6 for live in engine._live.values()):
-            assert time.monotonic() < deadline and not task.done()
-            await asyncio.sleep(0.005)
-        await engine.update_weights(new.state_dict(), 1)
-        out = await task
+        out = await swap_mid_generation(engine, SamplingParams(max_new_tokens=40, seed=5), new.state_dict(), 1)
         assert len(out.token_ids) == 40
         assert [(s.version, s.prefix_version) for s in out.spans] == [(0, 0), (1, 1)]
         k = out.spans[0].num_tokens
