@@ -178,11 +178,13 @@ async def test_concurrent_games_do_not_block_the_loop(seen: list[GameRef]) -> No
     await tick
     assert [i["game_index"] for _, i in infos] == [0, 30, 60, 90]
     assert len({i["task_type"] for _, i in infos}) >= 2
-    # The loop kept ticking while the games loaded: a reset run on the loop would stall it for a
-    # whole reset (about elapsed / 4, the resets share one TextWorld lock); no gap comes near half of
-    # that. Relative to the measured time, so a loaded CI machine does not make it flaky.
-    per_reset = elapsed / 4
-    assert elapsed > 0.5 and max(gaps) < per_reset / 2, (elapsed, per_reset, max(gaps))
+    # The loop kept ticking while the games loaded. Resets run on the loop would stall it for all of
+    # `elapsed` (the four would run back to back before the ticker woke once); in worker threads the
+    # loop is stalled (gaps over 0.1 s) for a small share of it. Single long gaps do happen off the
+    # loop: the CI once saw one of 0.73 s in 5.7 s, as the GIL went to other threads of a long test
+    # session, so the bound is on the stalled share, relative to the measured time.
+    stalled = sum(g for g in gaps if g > 0.1)
+    assert elapsed > 0.5 and stalled < elapsed / 2, (elapsed, stalled, sorted(gaps)[-5:])
     assert len(gaps) >= 10
     for e in envs:
         await e.close()
