@@ -73,7 +73,10 @@ def test_scoring_weight_copy_and_checkpoint_run_off_the_event_loop(tmp_path, mon
     assert len(calls["weights_for_engine"]) == 3 and len(calls["save"]) >= 3
     # ... in worker threads, never on the loop's thread
     assert all(name != "MainThread" for names in calls.values() for name in names), calls
-    # and the loop stayed responsive through the updates: its worst lag is a fraction of one part
+    # and the loop stayed responsive through the updates. A part run on the loop would stall it at least
+    # BLOCK_S every time it ran (each part runs 3 times or more); one stray stall is allowed, as the GIL can
+    # go to other threads for a while on a busy machine (an ALFWorld test on the CI once saw 0.73 s).
     during = [lag for woke, lag in lags if window[0] < woke - lag and woke < window[1] + 0.05]
     assert len(during) > 50
-    assert max(during) < 0.5 * BLOCK_S, f"loop stalled {max(during):.3f} s (parts take {BLOCK_S} s)"
+    stalls = sorted(lag for lag in during if lag >= 0.5 * BLOCK_S)
+    assert len(stalls) <= 1, f"loop stalled {stalls} s (parts take {BLOCK_S} s)"
