@@ -4,8 +4,9 @@
 Learner on a random 1-layer Llama, checkpoints every update) with the scripted engine of
 ``tests.fakes``. Each blocking part of an update is made ``BLOCK_S`` seconds longer with a blocking
 sleep; a probe coroutine measures how late the loop wakes it. Off the loop, that lag stays a small
-fraction of ``BLOCK_S``; on the loop, it would be at least ``BLOCK_S`` (measured before the fix:
-the scoring pass, the weight copy and the checkpoint write all ran on the loop).
+fraction of ``BLOCK_S`` (one stray stall aside); on the loop, it would be at least ``BLOCK_S`` each
+time a part runs (measured before the fix: the scoring pass, the weight copy and the checkpoint
+write all ran on the loop).
 """
 
 from __future__ import annotations
