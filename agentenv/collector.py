@@ -13,6 +13,12 @@ on different workers at once; the group is handed on only when all ``n`` are goo
 (``on_group``, or ``on_trajectory`` once per member, back to back under a lock, so the pool sees the
 group contiguous).
 
+Sampling seeds. Every episode samples with its own seed, ``derive_seed(task seed, play, member,
+attempt)`` (:func:`agentenv.engines.base.derive_seed`; ``play`` counts earlier groups of the same task
+seed, e.g. a task requeued after a rejection), handed to :func:`~agentenv.rollout.run_episode_samples`.
+Its tokens then depend only on its task and the weights, not on which other episodes shared the
+engine's batch: a synchronous run with a given ``run.seed`` is reproducible.
+
 Samples. An episode is normally one trajectory; with ``rollout.on_prefix_violation="split"`` (or an
 agent program that rewrites its history, :mod:`agentenv.agents`) it can be several samples, all with
 the episode's reward. With ``group_size == 1`` every sample is handed on as its own group of 1
@@ -61,7 +67,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentenv.core import Env
-from agentenv.engines.base import GenerationEngine
+from agentenv.engines.base import GenerationEngine, derive_seed
 from agentenv.errors import AgentEnvError, ConfigError, DataError
 from agentenv.faults import FAULTS
 from agentenv.rollout import Renderer, RolloutConfig, run_episode_samples
@@ -84,9 +90,10 @@ class Task:
 class _Group:
     """The ``n`` rollouts of one task being played: members done, members still to (re)play."""
 
-    def __init__(self, key: int, seed: int, size: int) -> None:
+    def __init__(self, key: int, seed: int, size: int, play: int = 0) -> None:
         self.key = key
         self.seed = seed
+        self.play = play  # earlier groups of this seed (a requeued task is played again)
         self.members: list[list[Trajectory] | None] = [None] * size  # each member's samples
         self.todo: collections.deque[int] = collections.deque(range(size))
         self.failures = [0] * size
@@ -203,6 +210,7 @@ class RolloutCollector:
         self.failure_limit = failure_limit if failure_limit is not None else max(16, 4 * concurrency)
         """Consecutive failures that stop the collector."""
         self._requeued: collections.deque[Task] = collections.deque()
+        self._plays: collections.Counter[int] = collections.Counter()  # groups started per task seed
         self._open: list[_Group] = []  # groups being played, oldest first
         self._group_keys = 0
         self._deliver_lock = asyncio.Lock()
@@ -312,7 +320,8 @@ class RolloutCollector:
         if max_groups is not None and len(self._open) >= max_groups:
             return None
         task = self._next_task()
-        group = _Group(self._group_keys, task.seed, self._group_size)
+        group = _Group(self._group_keys, task.seed, self._group_size, self._plays[task.seed])
+        self._plays[task.seed] += 1
         self._group_keys += 1
         self._open.append(group)
         return group, group.todo.popleft()
@@ -363,7 +372,9 @@ class RolloutCollector:
         self.episodes_started += 1
         try:
             samples = await run_episode_samples(self._envs[slot], self._engine, self._renderer, self._cfg,
-                                                seed=group.seed, version_fn=self._version_fn)
+                                                seed=group.seed, version_fn=self._version_fn,
+                                                sampling_seed=derive_seed(group.seed, group.play, m,
+                                                                          group.failures[m]))
         except asyncio.CancelledError:
             if not group.dropped:
                 group.todo.appendleft(m)

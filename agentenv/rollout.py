@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol, TypeVar
 
 from agentenv.core import Env
-from agentenv.engines.base import GenerationEngine, GenerationOutput, SamplingParams
+from agentenv.engines.base import GenerationEngine, GenerationOutput, SamplingParams, derive_seed
 from agentenv.errors import ConfigError, EngineError, TemplateError
 from agentenv.trajectory import Trajectory
 
@@ -210,6 +210,7 @@ async def run_episode(
     seed: int | None = None,
     options: Mapping[str, Any] | None = None,
     version_fn: Callable[[], int] | None = None,
+    sampling_seed: int | None = None,
 ) -> Trajectory:
     """Play one episode and return its last sample (a :class:`~agentenv.trajectory.Trajectory`).
 
@@ -218,7 +219,7 @@ async def run_episode(
     Arguments and result as :func:`run_episode_samples`.
     """
     samples = await run_episode_samples(env, engine, renderer, cfg, seed=seed, options=options,
-                                        version_fn=version_fn)
+                                        version_fn=version_fn, sampling_seed=sampling_seed)
     if len(samples) > 1 and not _warned_split:
         _warn_split(len(samples))
     return samples[-1]
@@ -243,6 +244,7 @@ async def run_episode_samples(
     seed: int | None = None,
     options: Mapping[str, Any] | None = None,
     version_fn: Callable[[], int] | None = None,
+    sampling_seed: int | None = None,
 ) -> list[Trajectory]:
     """Play one episode and return its samples (one :class:`~agentenv.trajectory.Trajectory` each).
 
@@ -259,6 +261,10 @@ async def run_episode_samples(
         options: Passed to ``env.reset``.
         version_fn: Returns the learner's current policy version (start and completion versions);
             defaults to the engine's version.
+        sampling_seed: Seeds the episode's sampling: turn ``k`` (0-based, counted over the whole
+            episode) is generated with the request seed ``derive_seed(sampling_seed, k)``, so the
+            episode's tokens depend on this seed and the weights only, not on the other requests in
+            the engine's batch. None: every turn draws from the engine's shared generator.
 
     Returns:
         The samples in order: one, unless ``cfg.on_prefix_violation == "split"`` started new ones
@@ -276,6 +282,8 @@ async def run_episode_samples(
     play = getattr(env, "play_episode", None)
     if play is not None:  # the env drives the model (agentenv.agents)
         return await play(engine, renderer, cfg, seed=seed, options=options, version_fn=version_fn)
+    if sampling_seed is not None and (isinstance(sampling_seed, bool) or not isinstance(sampling_seed, int)):
+        raise TypeError(f"sampling_seed must be an int or None, got {sampling_seed!r}")
     current_version = version_fn or (lambda: engine.version)
     traj = Trajectory(start_version=current_version(), start_time=time.time())
     info: dict[str, Any] = {"turns": 0, "truncation": None, "turn_endings": [], "prefix_violations": 0}
@@ -312,6 +320,7 @@ async def run_episode_samples(
                 top_p=cfg.top_p,
                 top_k=cfg.top_k,
                 stop_token_ids=tuple(renderer.stop_token_ids),
+                seed=None if sampling_seed is None else derive_seed(sampling_seed, info["turns"]),
             )
             try:
                 out = await clock.within(engine.generate(traj.token_ids, params), turn=True)

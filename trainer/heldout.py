@@ -106,7 +106,8 @@ async def evaluate_held_out(cfg: TrainConfig, engine: Any, renderer: Any, *, lab
 
     async def agent(env: Env, job: EpisodeJob) -> EpisodeResult:
         start = time.perf_counter()
-        traj = await run_episode(env, engine, renderer, rollout, seed=job.seed, options={"task": job.game_index})
+        traj = await run_episode(env, engine, renderer, rollout, seed=job.seed, options={"task": job.game_index},
+                                 sampling_seed=job.seed if rollout.temperature > 0 else None)
         extras[job.seed] = (float(traj.info.get("tool_calls") or 0), float(traj.info.get("turns", 0)))
         failed = traj.status == "error"
         return EpisodeResult(job.game, job.task_type, job.sample, won=not failed and traj.reward > 0,

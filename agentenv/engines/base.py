@@ -10,6 +10,7 @@ reports which version sampled every token and which version computed the prefix 
 from __future__ import annotations
 
 import enum
+import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +28,24 @@ class ContinuationMode(str, enum.Enum):
 
     KEEP = "keep"
     RECOMPUTE = "recompute"
+
+
+def derive_seed(*parts: int) -> int:
+    """A request seed in ``[0, 2**63)`` derived from integers (e.g. task seed, attempt, turn).
+
+    The same parts give the same seed on every machine and Python (a BLAKE2b digest, not ``hash``),
+    and different parts give independent-looking seeds, so each request of a run can sample from its
+    own generator: its tokens then depend on its own seed and the weights, not on which other
+    requests shared the engine's batch or in what order they arrived.
+
+    Raises:
+        TypeError: A part that is not an ``int`` (bools are refused too).
+    """
+    for p in parts:
+        if isinstance(p, bool) or not isinstance(p, int):
+            raise TypeError(f"derive_seed takes ints, got {p!r}")
+    digest = hashlib.blake2b(",".join(map(str, parts)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
 
 
 @dataclass(frozen=True)
