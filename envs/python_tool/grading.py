@@ -27,6 +27,7 @@ import contextlib
 import importlib
 import json
 import logging
+import math
 import os
 import re
 import select
@@ -45,6 +46,7 @@ from agentenv.faults import FAULTS
 VerifyFn = Callable[[str, list[str]], tuple[bool, str]]
 
 _BOX_COMMANDS = ("\\boxed", "\\fbox")
+_LOG10_2 = math.log10(2)
 
 
 @dataclass(frozen=True)
@@ -332,37 +334,60 @@ def _golds(ground_truth: str | int | float | Sequence[str]) -> list[str]:
 
 # --- exact comparison (sympy; runs in the worker) ----------------------------------------------
 
-#: Most decimal digits an exact value may have before the exact check leaves it to math-verify.
+#: Most decimal digits of any number the exact check may build; past it the value is left to math-verify.
 _MAX_EXACT_DIGITS = 20000
+
+#: Largest argument of a factorial (or double factorial, binomial) the exact check evaluates.
+_MAX_FACTORIAL_ARG = 5000
+
+
+def _magnitude(expr: Any, digits: float) -> float:
+    """``|expr|`` as a float, given ``digits`` (its :func:`_exact_digits`); inf when it has over 15 digits."""
+    import sympy
+
+    if digits > 15:
+        return math.inf
+    try:
+        return abs(complex(sympy.N(expr, 20)))
+    except (TypeError, ValueError, OverflowError):
+        return math.inf
+
+
+def _exact_digits(expr: Any) -> float:
+    """Upper bound on the decimal digits of the numbers built when evaluating ``expr`` exactly.
+
+    A rational counts the digits of its numerator and denominator; ``b^e`` counts ``|e|`` times the
+    digits of ``b`` (an exponent whose own value has over 15 digits gives inf); a factorial of ``n``
+    counts ``log10(n!)`` (inf past :data:`_MAX_FACTORIAL_ARG`); a sum, product or function the sum of
+    its arguments' digits. Bounds built bottom-up in floats, so no huge number is ever built here:
+    ``1/2^{1101}`` is about 332 digits, ``9^{9^{9^9}}`` inf.
+    """
+    import sympy
+
+    if isinstance(expr, sympy.Integer):
+        return expr.p.bit_length() * _LOG10_2 + 1
+    if isinstance(expr, sympy.Rational):
+        return (expr.p.bit_length() + expr.q.bit_length()) * _LOG10_2 + 2
+    if isinstance(expr, sympy.Float):
+        _, man, exp, bc = expr._mpf_  # man * 2**exp, man of bc bits (man 0: zero, inf or nan)
+        return (bc + abs(exp)) * _LOG10_2 + 2 if man else 1.0
+    if not expr.args:  # pi, E, I, ...
+        return 1.0
+    if isinstance(expr, sympy.Pow):
+        base, exp = expr.args
+        e = _magnitude(exp, _exact_digits(exp))
+        return _exact_digits(base) * max(1.0, e)
+    if isinstance(expr, (sympy.factorial, sympy.factorial2, sympy.binomial)):
+        n = max(_magnitude(a, _exact_digits(a)) for a in expr.args)
+        if n > _MAX_FACTORIAL_ARG:
+            return math.inf
+        return math.lgamma(n + 1) / math.log(10) + 1 + sum(_exact_digits(a) for a in expr.args)
+    return sum(_exact_digits(a) for a in expr.args) + 1
 
 
 def _too_big(expr: Any) -> bool:
     """True when evaluating ``expr`` exactly could build a number of more than ~20000 digits."""
-    import math
-
-    import sympy
-
-    for node in sympy.preorder_traversal(expr):
-        if isinstance(node, sympy.Pow):
-            base, exp = node.args
-            if not (base.is_number and exp.is_number):
-                continue
-            try:
-                e = abs(float(exp))
-                b = abs(complex(base))
-            except (TypeError, ValueError, OverflowError):
-                return True
-            if b > 1 and e * math.log10(b) > _MAX_EXACT_DIGITS:
-                return True
-            if 0 < b < 1 and e * -math.log10(b) > _MAX_EXACT_DIGITS:
-                return True
-        elif isinstance(node, (sympy.factorial, sympy.factorial2, sympy.binomial)):
-            try:
-                if any(abs(float(a)) > 5000 for a in node.args):
-                    return True
-            except (TypeError, ValueError, OverflowError):
-                return True
-    return False
+    return _exact_digits(expr) > _MAX_EXACT_DIGITS
 
 
 def _exact_value(expr: Any) -> Any:
@@ -391,9 +416,10 @@ def _unwrap_assignment(expr: Any) -> Any:
 def _exact_verdict(gold: Any, pred: Any) -> bool | None:
     r"""Exact comparison of two parsed answers: True/False where it is decidable, else None.
 
-    Numbers compare as exact rationals (``2^{-60}`` is not ``2^{-61}``; ``0.3333333`` is not
-    ``\frac13``); an irrational value against another compares at 60 digits and only a clear
-    difference (relative > 1e-45) decides (False). Tuples, intervals and matrices compare item by
+    Numbers compare as exact rationals (``2^{-60}`` is not ``2^{-61}``, ``1/2^{1101}`` is not
+    ``1/2^{1100}``; ``0.3333333`` is not ``\frac13``); an irrational value against another compares
+    at ``P = 60 + d`` digits, ``d`` the digits of both sides' parts (:func:`_exact_digits`), and only
+    a clear difference (relative > ``10^{15-P}``) decides (False). Tuples, intervals and matrices compare item by
     item in order; finite sets item by item in any order.
     """
     import sympy
@@ -434,12 +460,13 @@ def _exact_verdict(gold: Any, pred: Any) -> bool | None:
             return None
         if a.is_Rational and b.is_Rational:
             return bool(a == b)
+        digits = 60 + math.ceil(_exact_digits(a) + _exact_digits(b))  # sqrt2 + 10^{-100} is not sqrt2
         try:
-            an, bn = sympy.N(a, 60), sympy.N(b, 60)
+            an, bn = sympy.N(a, digits), sympy.N(b, digits)
             diff, scale = abs(an - bn), max(abs(an), abs(bn))
             if not (diff.is_number and scale.is_number) or diff.has(sympy.nan):
                 return None
-            if diff > scale * sympy.Float("1e-45", 60):
+            if diff > scale * sympy.Float(f"1e-{digits - 15}", digits):
                 return False
         except Exception:
             return None

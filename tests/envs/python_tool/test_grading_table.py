@@ -33,6 +33,35 @@ CASES: list[tuple[str, str | list[str], bool, str]] = [
     ("\\boxed{2.7182818}", "e", False, "exact"),  # math-verify alone: True
     ("\\boxed{0.8660254}", "\\frac{\\sqrt{3}}{2}", False, "exact"),  # math-verify alone: True
     ("\\boxed{(3, 1.5707963)}", "\\left( 3, \\frac{\\pi}{2} \\right)", False, "exact"),  # alone: True
+    # --- exactness past float range: reciprocals, negative exponents, ratios of huge numbers -------
+    ("\\boxed{1/2^{1101}}", "1/2^{1100}", False, "exact"),  # math-verify alone: True
+    ("\\boxed{\\frac{1}{2^{1101}}}", "\\frac{1}{2^{1100}}", False, "exact"),  # math-verify alone: True
+    ("\\boxed{\\frac{1}{2^{1100}}}", "2^{-1100}", True, "exact"),
+    ("\\boxed{2^{-1101}}", "2^{-1100}", False, "exact"),  # math-verify alone: True
+    ("\\boxed{1/10^{401}}", "1/10^{400}", False, "exact"),  # math-verify alone: True
+    ("\\boxed{10^{-400}}", "\\frac{1}{10^{400}}", True, "exact"),
+    ("\\boxed{0.1^{500}}", "10^{-500}", True, "exact"),
+    ("\\boxed{0.5^{1101}}", "0.5^{1100}", False, "exact"),  # math-verify alone: True
+    ("\\boxed{(1/2)^{1101}}", "(1/2)^{1100}", False, "exact"),  # math-verify alone: True
+    ("\\boxed{1/171!}", "1/170!", False, "exact"),  # math-verify alone: True
+    ("\\boxed{\\frac{1}{171!}}", "\\frac{1}{171!}", True, "exact"),
+    ("\\boxed{171!/170!}", "171", True, "exact"),
+    ("\\boxed{-\\frac{1}{2^{1100}}}", "\\frac{1}{2^{1100}}", False, "exact"),  # math-verify alone: True
+    ("\\boxed{\\frac{2^{2000}}{3^{1300}}}", "\\frac{2^{2000}+1}{3^{1300}}", False, "exact"),  # math-verify alone: True
+    ("\\boxed{\\frac{10^{400}}{10^{401}}}", "\\frac{1}{10}", True, "exact"),
+    ("\\boxed{\\frac{10^{400}+1}{10^{401}}}", "\\frac{1}{10}", False, "exact"),
+    ("\\boxed{\\frac{3^{1000}}{3^{999}}}", "3", True, "exact"),
+    ("\\boxed{\\binom{1000}{500}/\\binom{1000}{499}}", "\\frac{501}{500}", True, "exact"),
+    ("\\boxed{\\binom{1000}{500}/\\binom{1000}{499}}", "\\frac{500}{501}", False, "exact"),
+    ("\\boxed{\\frac{1}{3^{700}}}", "3^{-700}", True, "exact"),
+    ("\\boxed{\\frac{1}{3^{701}}}", "3^{-700}", False, "exact"),  # math-verify alone: True
+    ("\\boxed{\\frac{1}{\\sqrt{10^{801}}}}", "\\frac{1}{\\sqrt{10^{800}}}", False, "exact"),  # math-verify alone: True
+    ("\\boxed{\\sqrt{2}/10^{401}}", "\\sqrt{2}/10^{400}", False, "exact"),  # math-verify alone: True
+    ("\\boxed{\\sqrt{2}\\cdot 10^{-400}}", "\\frac{\\sqrt{2}}{10^{400}}", True, "exact"),
+    ("\\boxed{\\sqrt{2}+10^{-100}}", "\\sqrt{2}", False, "exact"),  # math-verify alone: True
+    ("\\boxed{\\pi+10^{-50}}", "\\pi", False, "exact"),  # math-verify alone: True
+    ("\\boxed{e^{-1001}}", "e^{-1000}", False, "exact"),  # math-verify alone: True
+    ("\\boxed{2^{20001}}", "2^{20000}", False, "exact"),
     # --- several boxes read as one set -----------------------------------------------------------
     ("The roots are $x = \\boxed{2}$ and $x = \\boxed{3}$.", "2, 3", True, "boxes"),  # alone: False
     ("\\boxed{5} \\quad \\boxed{3}", "\\{3,5\\}", True, "boxes"),  # alone: False
@@ -138,7 +167,7 @@ def _case_id(case: tuple[str, str | list[str], bool, str]) -> str:
 
 
 def test_table_is_large_enough() -> None:
-    assert len(CASES) >= 40
+    assert len(CASES) >= 100
     assert {kind for *_, kind in CASES} == {"exact", "boxes", "separators", "units", "intervals", "ordinary"}
 
 
