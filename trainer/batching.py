@@ -46,6 +46,9 @@ class PolicyBatch:
         gate_mask: ``(b, t)`` bool, the gate's token decision ``m_it`` when it was decided from a
             scoring pass (``optim.gate``: sequence, the admitted rows' policy tokens; token, each
             token's own; none, ``loss_mask``); a copy of ``loss_mask`` until then.
+        failed: ``(b,)`` bool, the rows FlashREINFORCE's entropy filter treats as failed: advantage
+            below 0 *before* any clipping (``optim.advantage_clip_negative``), filled by the learner
+            with the advantages (all False until then).
         ids: The trajectories' ids, row order.
         global_batch_size: B, rows in the whole fresh batch (kept by every split).
         global_tokens: N, policy tokens in the whole fresh batch (kept by every split).
@@ -64,6 +67,7 @@ class PolicyBatch:
     advantages: torch.Tensor
     gate_d: torch.Tensor
     gate_mask: torch.Tensor
+    failed: torch.Tensor
     ids: tuple[str, ...]
     global_batch_size: int
     global_tokens: int
@@ -116,6 +120,7 @@ _ROW_TENSORS = (
     "advantages",
     "gate_d",
     "gate_mask",
+    "failed",
 )
 
 
@@ -184,6 +189,7 @@ def build_batch(trajectories: Sequence[Trajectory], pad_token_id: int = 0) -> Po
         advantages=torch.zeros(b, dtype=torch.float32),
         gate_d=torch.zeros(b, dtype=torch.float32),
         gate_mask=loss_mask[:, 1:].clone(),
+        failed=torch.zeros(b, dtype=torch.bool),
         ids=tuple(tr.id for tr in kept),
         global_batch_size=b,
         global_tokens=int(lengths.sum()),

@@ -32,6 +32,7 @@ from agentenv.engines.sampling import SamplingTransform, label_logprobs
 from agentenv.errors import ConfigError, DataError
 from agentenv.rollout import is_token_budget_cut
 from agentenv.trainer.batching import PolicyBatch, build_batch, shard, split_micro_batches
+from agentenv.trainer.lr_schedule import SCHEDULES, apply_optim_settings, build_scheduler, log_applied
 from agentenv.trainer.objectives import (
     ObjectiveStats,
     _check_delta,
@@ -74,7 +75,12 @@ class OptimConfig:
         betas: AdamW (beta1, beta2).
         adam_eps: AdamW epsilon.
         grad_clip: Max global gradient L2 norm; 0 disables clipping.
-        warmup_steps: Linear learning-rate warmup over this many optimizer steps (0: constant).
+        lr_schedule: ``"constant"`` or ``"cosine"`` (decay over the run's ``run.updates`` optimizer
+            steps to ``min_lr_ratio * lr``), after the warm-up (:mod:`agentenv.trainer.lr_schedule`).
+        warmup_steps: Linear learning-rate warm-up over this many optimizer steps (0: none); at most
+            ``run.updates``.
+        min_lr_ratio: The cosine schedule's final lr as a fraction of ``lr``, in [0, 1] (the paper:
+            0.1); unused by ``"constant"``.
         micro_batch_size: Rows per forward/backward pass (gradient accumulation; does not change the
             gradient).
         delta: FlashREINFORCE gate threshold on D_i (nats), admitted iff ``D_i <= delta``.
@@ -126,7 +132,9 @@ class OptimConfig:
     betas: tuple[float, float] = (0.9, 0.999)
     adam_eps: float = 1e-8
     grad_clip: float = 1.0
+    lr_schedule: Literal["constant", "cosine"] = "constant"
     warmup_steps: int = 0
+    min_lr_ratio: float = 0.1
     micro_batch_size: int = 4
     delta: float = 1e-3
     entropy_keep_fraction: float | None = None
@@ -154,8 +162,15 @@ class OptimConfig:
             raise ConfigError(f"objective must be 'flash_reinforce' or 'grpo', got {self.objective!r}")
         if not self.lr > 0 or self.weight_decay < 0 or self.grad_clip < 0 or self.warmup_steps < 0:
             raise ConfigError("lr must be > 0; weight_decay, grad_clip and warmup_steps must be >= 0")
-        if not all(0.0 <= b < 1.0 for b in self.betas):
-            raise ConfigError(f"betas must lie in [0, 1), got {self.betas}")
+        if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
+            raise ConfigError(f"optim.betas must be two numbers in [0, 1), got {self.betas}")
+        if not self.adam_eps > 0:
+            raise ConfigError(f"optim.adam_eps must be > 0, got {self.adam_eps}")
+        if self.lr_schedule not in SCHEDULES:
+            raise ConfigError(f"optim.lr_schedule must be one of {', '.join(SCHEDULES)}; got {self.lr_schedule!r}")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ConfigError(f"optim.min_lr_ratio (the cosine schedule's final lr / lr) must lie in [0, 1], "
+                              f"got {self.min_lr_ratio}")
         if self.micro_batch_size < 1:
             raise ConfigError(f"micro_batch_size must be >= 1, got {self.micro_batch_size}")
         _check_delta(self.delta)
@@ -411,10 +426,16 @@ class Learner:
         sampling: The rollout's behaviour transform (temperature, top-p, top-k): log pi is scored under
             it for training and for :meth:`score` alike. None: the identity (temperature 1, no
             truncation), right only when the rollouts sample that way.
+        total_steps: The run's optimizer steps (``run.updates``), the horizon of a cosine schedule;
+            None is allowed for ``lr_schedule: constant`` only.
 
     Attributes:
         version: Policy version = optimizer steps taken (including those before a resume).
-        optimizer: ``torch.optim.AdamW``; scheduler: ``LambdaLR`` linear warmup then constant.
+        optimizer: ``torch.optim.AdamW``; scheduler: ``LambdaLR`` of ``config.lr_schedule``
+            (:func:`agentenv.trainer.lr_schedule.build_scheduler`).
+
+    Raises:
+        ConfigError: A cosine schedule without ``total_steps > config.warmup_steps``.
     """
 
     def __init__(
@@ -425,6 +446,7 @@ class Learner:
         pad_token_id: int = 0,
         version: int = 0,
         sampling: SamplingTransform | None = None,
+        total_steps: int | None = None,
     ) -> None:
         self.model = model
         self.config = config
@@ -437,10 +459,7 @@ class Learner:
         self.optimizer = torch.optim.AdamW(
             params, lr=config.lr, betas=config.betas, eps=config.adam_eps, weight_decay=config.weight_decay
         )
-        warm = config.warmup_steps
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0
-        )
+        self.scheduler = build_scheduler(self.optimizer, config, total_steps)
         self._params = params
 
     # -- scoring ----------------------------------------------------------------------------------
@@ -497,7 +516,10 @@ class Learner:
         """
         return prepare_batch(trajectories, scores, self.config, self.pad_token_id)
 
-    def backward(self, batch: PolicyBatch, admitted: torch.Tensor | None = None) -> ObjectiveStats:
+    def backward(
+        self, batch: PolicyBatch, admitted: torch.Tensor | None = None,
+        log_ratios: list[torch.Tensor] | None = None,
+    ) -> ObjectiveStats:
         """Accumulate this rank's share of the full-batch gradient into ``.grad`` (no step, no reduce).
 
         Rows are processed in micro-batches of ``config.micro_batch_size``; the objective uses the
@@ -506,6 +528,8 @@ class Learner:
         Args:
             batch: From :meth:`prepare` (advantages filled).
             admitted: ``(B,)`` precomputed gate decision, or None to gate on the training forward.
+            log_ratios: When given, receives each forward micro-batch's ``log pi - log mu`` at its
+                policy tokens (a 1-d float32 CPU tensor each; skipped micro-batches add none).
 
         Returns:
             This rank's summed :class:`ObjectiveStats`.
@@ -531,6 +555,8 @@ class Learner:
             mb = mb.to(self.device)
             lp, ent = token_logprobs(self.model, mb, with_entropy=filt is not None, sampling=self.sampling,
                                      share_prefix=cfg.share_prefix)
+            if log_ratios is not None:
+                log_ratios.append(policy_log_ratios(lp, mb))
             if cfg.objective == "grpo":
                 out = grpo_loss(
                     lp, mb.behaviour_logprobs, mb.loss_mask, mb.advantages, mb.lengths, batch.global_tokens,
@@ -541,7 +567,7 @@ class Learner:
                     lp, mb.behaviour_logprobs, mb.loss_mask, mb.advantages, mb.lengths,
                     batch.global_batch_size, delta=cfg.delta,
                     admitted=adm.to(self.device) if adm is not None else None, gate_d=mb.gate_d,
-                    entropies=ent, entropy_keep_fraction=filt, row_ids=mb.ids,
+                    entropies=ent, entropy_keep_fraction=filt, failed=mb.failed, row_ids=mb.ids,
                     total_tokens=batch.global_tokens if cfg.loss_aggregation == "token_mean" else None,
                     gate=cfg.gate, token_admitted=mb.gate_mask if adm is not None else None,
                 )
@@ -563,8 +589,9 @@ class Learner:
                 weights (one ``(T_i,)`` tensor per trajectory, in order); when given, the
                 FlashREINFORCE gate uses it as ``q`` (the same q PACE's drift used) and micro-batches
                 with no admitted row of nonzero advantage skip their forward pass. GRPO ignores it.
-                Without it, a batch whose rewards are all equal is scored here (no gradient can
-                come from it, so no training forward or backward runs).
+                A batch in which every advantage is 0 runs no forward pass at all (no gradient can
+                come from it whatever the policy); its gate statistics are then not measured
+                (``gate/mean_d`` is NaN).
 
         Returns:
             :class:`UpdateStats`. ``stepped`` is False (and the version unchanged) when the batch
@@ -576,15 +603,15 @@ class Learner:
                 untouched when this is raised (gradients are cleared).
         """
         t0 = time.perf_counter()
-        if scores is None and self.config.objective == "flash_reinforce" and len({t.reward for t in trajectories}) == 1:
-            # Every advantage is 0, so the gradient is 0 whatever the current policy: a scoring pass
-            # (no graph, no backward) is enough for the gate's statistics, and the forward is skipped.
-            scores = self.score(trajectories)
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
+        log_ratios: list[torch.Tensor] = []
         try:
             batch, admitted = self.prepare(trajectories, scores)
-            stats = self.backward(batch, admitted)
+            if bool((batch.advantages != 0).any()):
+                stats = self.backward(batch, admitted, log_ratios)
+            else:  # every advantage 0: no gradient whatever the policy, so no forward pass
+                stats = unscored_stats(batch) if _rank_world()[0] == 0 else ObjectiveStats()
         except Exception:
             self.optimizer.zero_grad(set_to_none=True)
             raise
@@ -616,7 +643,7 @@ class Learner:
             )
         self.optimizer.zero_grad(set_to_none=True)
         return update_stats(batch, stats, version=self.version, stepped=stepped, grad_norm=grad_norm, lr=lr,
-                            seconds=time.perf_counter() - t0)
+                            seconds=time.perf_counter() - t0, extra=ratio_tail(log_ratios))
 
     # -- checkpoints ------------------------------------------------------------------------------
     def save(
@@ -636,6 +663,8 @@ class Learner:
     def restore(self, path: Path | str) -> LoadedCheckpoint:
         """Resume from a checkpoint folder or root; the version numbering continues from it.
 
+        The optimizer's moments and the schedule's step count come from the checkpoint; the lr,
+        betas, eps and weight decay are this learner's config (a change is logged as a warning).
         See :func:`agentenv.trainer.checkpoint.load_checkpoint` (raises ``CheckpointError`` and then
         leaves the learner unchanged).
         """
@@ -643,6 +672,7 @@ class Learner:
 
         loaded = load_checkpoint(path, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler)
         self.version = loaded.version
+        log_applied(apply_optim_settings(self.optimizer, self.scheduler, self.config))
         return loaded
 
     # -- weights ----------------------------------------------------------------------------------
@@ -708,9 +738,10 @@ def prepare_batch(
         adv = masked_batch_mean_advantages(rewards, ~cut)
     else:
         adv = batch_mean_advantages(rewards)
+    failed = adv < 0  # before the clamp below: the entropy filter's failed rows stay failed
     if config.advantage_clip_negative:  # A = max(A, 0): no negative feedback (OptimConfig)
         adv = adv.clamp(min=0.0)
-    batch = replace(batch, advantages=adv.float())
+    batch = replace(batch, advantages=adv.float(), failed=failed)
     admitted = None
     if scores is not None and config.objective == "flash_reinforce":
         if len(scores) != len(trajectories):
@@ -750,6 +781,53 @@ def update_stats(
         seconds=seconds,
         tokens_per_second=seq_tokens / seconds if seconds > 0 else math.nan,
         extra=dict(extra or {}),
+    )
+
+
+def policy_log_ratios(logprobs: torch.Tensor, batch: PolicyBatch) -> torch.Tensor:
+    """``log pi - log mu`` at the policy tokens of ``batch`` (nats), a detached 1-d float32 CPU tensor.
+
+    Args:
+        logprobs: ``(b, t)`` current log pi from :func:`token_logprobs`.
+        batch: The (micro-)batch they were computed on.
+    """
+    mask = batch.loss_mask.to(logprobs.device)
+    return (logprobs.detach().float() - batch.behaviour_logprobs.to(logprobs.device))[mask].cpu()
+
+
+def ratio_tail(log_ratios: Sequence[torch.Tensor]) -> dict[str, float]:
+    """The tail of the importance ratio ``rho = pi / mu`` over the given policy tokens.
+
+    Returns:
+        ``{"gate/rho_p99": ..., "gate/rho_max": ..., "gate/rho_min": ...}`` (ratios, not logs; the
+        99th percentile by linear interpolation), or ``{}`` when no token was scored (a skipped or
+        zero-advantage batch).
+    """
+    values = torch.cat(list(log_ratios)) if log_ratios else torch.zeros(0)
+    if values.numel() == 0:
+        return {}
+    values = values.double()
+    return {
+        "gate/rho_p99": float(torch.quantile(values, 0.99).exp()),
+        "gate/rho_max": float(values.max().exp()),
+        "gate/rho_min": float(values.min().exp()),
+    }
+
+
+def unscored_stats(batch: PolicyBatch) -> ObjectiveStats:
+    """The statistics of a batch that ran no forward pass: counts, advantages and behaviour only.
+
+    The gate was not evaluated, so ``d_sum`` is NaN (``gate/mean_d`` logs NaN) and no row counts as
+    admitted; no token carries gradient.
+    """
+    adv = batch.advantages.double()
+    return ObjectiveStats(
+        rows=batch.num_rows,
+        tokens=int(batch.lengths.sum()),
+        d_sum=math.nan,
+        adv_sum=float(adv.sum()),
+        adv_sq_sum=float((adv * adv).sum()),
+        behaviour_nll_sum=float(-batch.behaviour_logprobs[batch.loss_mask].double().sum()),
     )
 
 

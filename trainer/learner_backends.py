@@ -83,14 +83,15 @@ def build_learner(cfg: TrainConfig, model: torch.nn.Module, *, warmed_up: bool =
     if backend == "single":
         from agentenv.trainer.learner import Learner
 
-        return Learner(model, cfg.optim, sampling=sampling_transform(cfg))
+        return Learner(model, cfg.optim, sampling=sampling_transform(cfg), total_steps=cfg.run.updates)
     if backend == "openrlhf":
         from agentenv.trainer.openrlhf_backend import OpenRLHFLearner
 
         # DeepSpeed takes over (and may cast or partition) the module it is given: hand it its own
         # copy, so ``model`` stays a plain module the caller can copy for the generation engine.
         return OpenRLHFLearner(
-            copy.deepcopy(model), cfg.optim, backend_config(cfg), sampling=sampling_transform(cfg)
+            copy.deepcopy(model), cfg.optim, backend_config(cfg), sampling=sampling_transform(cfg),
+            total_steps=cfg.run.updates,
         )
     return _ray_group(cfg, model, warmed_up=warmed_up)
 
@@ -122,7 +123,7 @@ def _ray_group(cfg: TrainConfig, model: torch.nn.Module, *, warmed_up: bool) -> 
         factory, cfg.optim, backend_config(cfg), world_size=cfg.learner.world_size,
         num_gpus_per_actor=cfg.learner.num_gpus_per_actor,
         master_addr="127.0.0.1" if cfg.learner.ray_address is None else None,
-        sampling=sampling_transform(cfg),
+        sampling=sampling_transform(cfg), total_steps=cfg.run.updates,
     )
 
 

@@ -66,10 +66,14 @@ from agentenv.trainer.learner import (
     OptimConfig,
     UpdateStats,
     enable_gradient_checkpointing,
+    policy_log_ratios,
     prepare_batch,
+    ratio_tail,
     token_logprobs,
+    unscored_stats,
     update_stats,
 )
+from agentenv.trainer.lr_schedule import apply_optim_settings, build_scheduler, log_applied
 from agentenv.trainer.objectives import (
     ObjectiveStats,
     flash_reinforce_loss,
@@ -249,6 +253,8 @@ class OpenRLHFLearner:
         strategy: A strategy from :func:`make_strategy` (built when None).
         sampling: The rollout's behaviour transform; log pi is scored under it (training and
             :meth:`score`), as in :class:`agentenv.trainer.learner.Learner`. None: the identity.
+        total_steps: The run's optimizer steps, the horizon of a cosine lr schedule
+            (:mod:`agentenv.trainer.lr_schedule`).
 
     Raises:
         ConfigError: OpenRLHF/DeepSpeed missing or an inconsistent configuration.
@@ -264,6 +270,7 @@ class OpenRLHFLearner:
         version: int = 0,
         strategy: Any = None,
         sampling: SamplingTransform | None = None,
+        total_steps: int | None = None,
     ) -> None:
         self.config = optim
         self.sampling = sampling if sampling is not None else SamplingTransform()
@@ -290,13 +297,10 @@ class OpenRLHFLearner:
         if optim.gradient_checkpointing:
             enable_gradient_checkpointing(model)
         self.engine, self.optimizer, _ = self.strategy.prepare((model, cfg))
-        # The same warmup as the single-process learner (linear over warmup_steps, then constant),
-        # on the optimizer DeepSpeed steps; DeepSpeed calls it once per optimizer step.
-        warm = optim.warmup_steps
+        # The single-process learner's schedule, on the optimizer DeepSpeed steps; DeepSpeed calls
+        # it once per optimizer step.
         base = getattr(self.engine, "basic_optimizer", None) or self.engine.optimizer
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            base, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0
-        )
+        self.scheduler = build_scheduler(base, optim, total_steps)
         self.engine.lr_scheduler = self.scheduler
         self.device = self.engine.device
 
@@ -359,9 +363,10 @@ class OpenRLHFLearner:
         """
         t0 = time.perf_counter()
         cfg = self.config
-        if cfg.objective == "flash_reinforce" and scores is None:
-            scores = self.score(trajectories)
         batch, admitted = self.prepare(trajectories, scores)
+        if cfg.objective == "flash_reinforce" and scores is None and bool((batch.advantages != 0).any()):
+            scores = self.score(trajectories)  # the gate's q, for the skip decision before DeepSpeed steps
+            batch, admitted = self.prepare(trajectories, scores)
         if batch.num_rows > self.backend.rows_per_update:
             raise DataError(
                 f"batch has {batch.num_rows} rows, more than rows_per_update={self.backend.rows_per_update}"
@@ -372,8 +377,9 @@ class OpenRLHFLearner:
         stepped = signal or cfg.step_on_zero_gradient
         stats, grad_norm = ObjectiveStats(), 0.0
         lr = float(self.scheduler.get_last_lr()[0])
+        log_ratios: list[torch.Tensor] = []
         if stepped:
-            stats, grad_norm = self._accumulate_and_step(batch, admitted)
+            stats, grad_norm = self._accumulate_and_step(batch, admitted, log_ratios)
             self.version += 1
         else:
             log.info("update skipped at version %d: no gradient signal", self.version)
@@ -382,19 +388,25 @@ class OpenRLHFLearner:
             total = total + part
         if not stepped:  # bookkeeping as the single-process learner reports it
             total = replace(total, rows=batch.num_rows, tokens=int(batch.lengths.sum()))
+            if admitted is None:
+                total = replace(unscored_stats(batch), excluded_rows=batch.excluded_rows)
         return update_stats(
             batch, total, version=self.version, stepped=stepped, grad_norm=grad_norm, lr=lr,
             seconds=time.perf_counter() - t0,
             extra={
                 "perf/deepspeed_micro_steps": float(self.gas),
                 "perf/dp_world_size": float(self.world_size),
+                **ratio_tail(log_ratios),
             },
         )
 
     def _accumulate_and_step(
-        self, batch: PolicyBatch, admitted: torch.Tensor | None
+        self, batch: PolicyBatch, admitted: torch.Tensor | None, log_ratios: list[torch.Tensor]
     ) -> tuple[ObjectiveStats, float]:
-        """Run this rank's gas micro-steps through DeepSpeed (the last one steps the optimizer)."""
+        """Run this rank's gas micro-steps through DeepSpeed (the last one steps the optimizer).
+
+        ``log_ratios`` receives this rank's ``log pi - log mu`` at the policy tokens of each micro-batch.
+        """
         cfg = self.config
         mine = shard(batch, self.rank, self.world_size)
         micro = [] if mine is None else split_micro_batches(mine, cfg.micro_batch_size)
@@ -407,6 +419,7 @@ class OpenRLHFLearner:
             if step < len(micro):
                 mb = micro[step].to(self.device)
                 lp, ent = token_logprobs(self.engine, mb, with_entropy=filt is not None, sampling=self.sampling)
+                log_ratios.append(policy_log_ratios(lp, mb))
                 if cfg.objective == "grpo":
                     out = grpo_loss(
                         lp,
@@ -437,6 +450,7 @@ class OpenRLHFLearner:
                         gate_d=mb.gate_d,
                         entropies=ent,
                         entropy_keep_fraction=filt,
+                        failed=mb.failed,
                         row_ids=mb.ids,
                         total_tokens=batch.global_tokens if cfg.loss_aggregation == "token_mean" else None,
                         gate=cfg.gate,
@@ -512,6 +526,10 @@ class OpenRLHFLearner:
         )
         if loaded is None:
             raise CheckpointError(f"DeepSpeed could not load the state under {state}")
+        base = getattr(self.engine, "basic_optimizer", None) or self.engine.optimizer
+        changed = apply_optim_settings(base, self.scheduler, self.config)
+        if self.rank == 0:
+            log_applied(changed)
 
     # -- weights ----------------------------------------------------------------------------------
     def weights_for_engine(self, path: Path | str | None = None) -> dict[str, torch.Tensor] | Path:
@@ -661,6 +679,7 @@ class RayLearnerGroup:
         master_addr: Rendezvous address of rank 0; None takes Ray's node address (OpenRLHF's choice,
             needed across nodes); pass ``"127.0.0.1"`` on a single machine.
         sampling: The rollout's behaviour transform, handed to every actor's learner (None: identity).
+        total_steps: The run's optimizer steps, the horizon of a cosine lr schedule.
     """
 
     def __init__(
@@ -672,6 +691,7 @@ class RayLearnerGroup:
         num_gpus_per_actor: float = 1.0,
         master_addr: str | None = None,
         sampling: SamplingTransform | None = None,
+        total_steps: int | None = None,
     ) -> None:
         import ray
 
@@ -679,7 +699,7 @@ class RayLearnerGroup:
         first = actor_cls.remote(world_size, 0, master_addr, None)
         addr, port = ray.get(first.get_master_addr_port.remote())
         self.actors = [first] + [actor_cls.remote(world_size, r, addr, port) for r in range(1, world_size)]
-        ray.get([a.init_learner.remote(model_factory, optim, backend, sampling) for a in self.actors])
+        ray.get([a.init_learner.remote(model_factory, optim, backend, sampling, total_steps) for a in self.actors])
         self._version = 0
 
     def _all(self, method: str, *args: Any, **kwargs: Any) -> Any:
@@ -772,8 +792,9 @@ class _LearnerActor:
         optim: OptimConfig,
         backend: OpenRLHFBackendConfig,
         sampling: SamplingTransform | None = None,
+        total_steps: int | None = None,
     ) -> None:
-        self.learner = OpenRLHFLearner(model_factory(), optim, backend, sampling=sampling)
+        self.learner = OpenRLHFLearner(model_factory(), optim, backend, sampling=sampling, total_steps=total_steps)
 
     def update(self, trajectories: list[Trajectory], scores: list[torch.Tensor] | None = None) -> UpdateStats:
         return self.learner.update(trajectories, scores=scores)

@@ -183,12 +183,15 @@ def test_equal_rewards_zero_gradient_skip():
     trajs = make_trajectories(3, seed=7, rewards=[1, 1, 1])
     g, _ = _grads(learner, trajs)
     assert all(not v.any() for v in g.values())
-    with_graph = []
-    hook = learner.model.register_forward_hook(lambda *_: with_graph.append(torch.is_grad_enabled()))
-    stats = learner.update(trajs)  # no scores given: it scores without a graph and skips the training pass
+    calls = []
+    hook = learner.model.register_forward_hook(lambda *_: calls.append(1))
+    stats = learner.update(trajs)  # every advantage 0: no gradient whatever the policy, so no forward at all
     hook.remove()
-    assert not stats.stepped and with_graph and not any(with_graph)
-    assert stats.objective.rows == 3 and stats.objective.admitted == 3  # delta 10: the gate's statistics exist
+    assert not stats.stepped and calls == []
+    assert stats.objective.rows == 3 and stats.objective.admitted == 0 and stats.objective.kept_tokens == 0
+    assert math.isnan(stats.to_metrics()["gate/mean_d"])  # the gate was not evaluated, and says so
+    nll = -sum(lp for t in trajs for lp, m in zip(t.behaviour_logprobs, t.loss_mask, strict=True) if m)
+    assert stats.to_metrics()["train/behaviour_entropy"] == pytest.approx(nll / stats.objective.tokens)
 
 
 def test_bad_input_errors_name_the_trajectory():

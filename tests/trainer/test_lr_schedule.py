@@ -1,0 +1,107 @@
+"""The learning-rate schedule (values per step), its bad inputs, and optimizer settings applied on resume."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from agentenv.errors import ConfigError
+from agentenv.trainer.learner import Learner, OptimConfig
+from agentenv.trainer.lr_schedule import lr_factor
+
+from .conftest import make_trajectories, tiny_model
+
+
+def _factors(schedule, warmup, total, ratio=0.1, steps=None):
+    return [lr_factor(s, schedule=schedule, warmup_steps=warmup, total_steps=total, min_lr_ratio=ratio)
+            for s in range(steps if steps is not None else total)]
+
+
+def test_constant_with_and_without_warmup():
+    assert _factors("constant", 0, 4) == [1.0, 1.0, 1.0, 1.0]
+    assert _factors("constant", 4, 6) == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
+    assert _factors("constant", 0, None, steps=3) == [1.0, 1.0, 1.0]  # no horizon needed
+
+
+def test_cosine_by_hand():
+    # W = 2, N = 6, r = 0.1: warm-up 1/2, 1; then p = 1/4, 2/4, 3/4, 4/4 -> 0.1 + 0.9 (1 + cos(pi p)) / 2
+    expected = [0.5, 1.0] + [0.1 + 0.45 * (1 + math.cos(math.pi * p)) for p in (0.25, 0.5, 0.75, 1.0)]
+    assert _factors("cosine", 2, 6) == pytest.approx(expected, abs=1e-12)
+    assert expected[2:] == pytest.approx([0.868198, 0.55, 0.231802, 0.1], abs=1e-6)
+    # past the horizon (a resumed run that was extended) it stays at the floor
+    assert lr_factor(9, schedule="cosine", warmup_steps=2, total_steps=6, min_lr_ratio=0.1) == pytest.approx(0.1)
+    # no warm-up: the last of N steps runs at r, the first just under the peak
+    assert _factors("cosine", 0, 4, ratio=0.0) == pytest.approx([0.853553, 0.5, 0.146447, 0.0], abs=1e-6)
+
+
+def test_the_learner_steps_with_the_scheduled_lr():
+    learner = Learner(tiny_model(0), OptimConfig(lr=1e-3, lr_schedule="cosine", warmup_steps=1, delta=10.0),
+                      total_steps=3)
+    lrs = []
+    for k in range(3):
+        stats = learner.update(make_trajectories(4, seed=k, rewards=[1, 0, 1, 0]))
+        assert stats.stepped
+        lrs.append(stats.lr)
+    # step 0: warm-up 1/1; step 1: p = 1/2 -> 0.1 + 0.9 * 0.5; step 2: p = 1 -> the floor 0.1
+    assert lrs == pytest.approx([1e-3, 5.5e-4, 1e-4], rel=1e-9)
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["optim.lr_schedule=linear"], "optim.lr_schedule: 'linear' is not one of ('constant', 'cosine')"),
+        (["optim.warmup_steps=13", "--updates", "12"], "optim.warmup_steps (13) is longer than the run"),
+        (["optim.lr_schedule=cosine", "optim.warmup_steps=12", "--updates", "12"], "needs steps after the warm-up"),
+        (["optim.min_lr_ratio=-0.1"], "optim.min_lr_ratio"),
+        (["optim.min_lr_ratio=1.5"], "optim.min_lr_ratio"),
+        (["optim.betas=[0.9, 1.0]"], "optim.betas must be two numbers in [0, 1)"),
+        (["optim.betas=[-0.1, 0.95]"], "optim.betas must be two numbers in [0, 1)"),
+        (["optim.adam_eps=0"], "optim.adam_eps must be > 0"),
+    ],
+)
+def test_bad_schedule_settings_are_config_errors_before_anything_loads(argv, needle):
+    from agentenv.trainer.recipe import parse_args
+
+    with pytest.raises(ConfigError) as err:
+        parse_args(argv)
+    assert needle in str(err.value)
+
+
+def test_resume_applies_the_new_optimizer_settings_and_keeps_the_moments(tmp_path):
+    old = OptimConfig(lr=1e-3, betas=(0.9, 0.999), adam_eps=1e-8, weight_decay=0.0, lr_schedule="cosine",
+                      warmup_steps=1, delta=10.0)
+    learner = Learner(tiny_model(0), old, total_steps=4)
+    for k in range(2):
+        learner.update(make_trajectories(4, seed=k, rewards=[1, 0, 1, 0]))
+    learner.save(tmp_path / "ckpt")
+    moments = {k: v.clone() for k, v in learner.optimizer.state_dict()["state"][0].items()}
+
+    new = OptimConfig(lr=1e-4, betas=(0.9, 0.95), adam_eps=1e-6, weight_decay=0.1, lr_schedule="cosine",
+                      warmup_steps=1, delta=10.0)
+    resumed = Learner(tiny_model(1), new, total_steps=4)
+    resumed.restore(tmp_path / "ckpt")
+    group = resumed.optimizer.param_groups[0]
+    assert (group["betas"], group["eps"], group["weight_decay"]) == ((0.9, 0.95), 1e-6, 0.1)
+    # two steps taken: step 2 of W = 1, N = 4 has p = 2/3 -> 0.1 + 0.45 (1 + cos(2 pi / 3)) = 0.325 x the new peak
+    assert group["lr"] == pytest.approx(1e-4 * 0.325, rel=1e-9)
+    assert resumed.scheduler.get_last_lr() == [group["lr"]] and resumed.scheduler.last_epoch == 2
+    restored = resumed.optimizer.state_dict()["state"][0]
+    for key, value in moments.items():  # Adam's moments and step count come from the checkpoint
+        assert torch.equal(restored[key], value)
+    stats = resumed.update(make_trajectories(4, seed=5, rewards=[1, 0, 1, 0]))
+    assert stats.lr == pytest.approx(1e-4 * 0.325, rel=1e-9)
+    assert resumed.optimizer.param_groups[0]["lr"] == pytest.approx(1e-4 * 0.1, rel=1e-9)
+
+
+def test_resume_with_the_same_settings_changes_nothing(tmp_path, caplog):
+    cfg = OptimConfig(lr=1e-3, delta=10.0)
+    learner = Learner(tiny_model(0), cfg)
+    learner.update(make_trajectories(4, seed=0, rewards=[1, 0, 1, 0]))
+    learner.save(tmp_path / "ckpt")
+    resumed = Learner(tiny_model(0), cfg)
+    with caplog.at_level("WARNING"):
+        resumed.restore(tmp_path / "ckpt")
+    assert "resume: optim" not in caplog.text
+    assert resumed.optimizer.param_groups[0]["lr"] == 1e-3

@@ -1,0 +1,130 @@
+"""The learning-rate schedule of every learner backend, and re-applying optimizer settings on resume.
+
+Schedules (``optim.lr_schedule``), as a factor of the peak ``optim.lr`` at optimizer step ``s``
+(0-based: the factor used *by* step ``s``), with ``W = optim.warmup_steps`` and ``N`` the run's
+optimizer steps (``run.updates``):
+
+* warm-up, ``s < W``: ``(s + 1) / W`` (linear, reaching 1 at the last warm-up step);
+* ``"constant"``: 1 after the warm-up;
+* ``"cosine"``: after the warm-up, ``r + (1 - r) * (1 + cos(pi * p)) / 2`` with
+  ``p = min(1, (s - W + 1) / (N - W))`` and ``r = optim.min_lr_ratio``: the first step after the
+  warm-up is already slightly below the peak and step ``N - 1`` (the last) runs at ``r``; steps past
+  ``N`` (a resumed run that was extended) stay at ``r``.
+
+The FlashREINFORCE paper trains with a cosine schedule, a linear warm-up over 3% of the steps and a
+floor of 0.1 x the peak (docs/algorithms.md); ``"constant"`` with ``W = 0`` is a plain constant lr.
+
+``torch.optim.Optimizer.load_state_dict`` restores the lr, betas, eps and weight decay saved in the
+checkpoint, and ``LambdaLR.load_state_dict`` the saved base lr: a run resumed with new settings would
+silently keep the old ones. :func:`apply_optim_settings` writes the config's values back after a
+restore.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import torch
+
+from agentenv.errors import ConfigError
+
+__all__ = ["SCHEDULES", "apply_optim_settings", "build_scheduler", "log_applied", "lr_factor"]
+
+log = logging.getLogger(__name__)
+
+#: The schedule names ``optim.lr_schedule`` accepts.
+SCHEDULES = ("constant", "cosine")
+
+
+def lr_factor(step: int, *, schedule: str, warmup_steps: int, total_steps: int | None,
+              min_lr_ratio: float) -> float:
+    """The factor of the peak lr used by optimizer step ``step`` (0-based); see the module docstring.
+
+    Args:
+        step: Optimizer steps taken before this one (>= 0).
+        schedule: ``"constant"`` or ``"cosine"``.
+        warmup_steps: ``W``, linear warm-up steps (>= 0).
+        total_steps: ``N``, the run's optimizer steps; needed by ``"cosine"`` (must exceed ``W``).
+        min_lr_ratio: ``r`` in [0, 1], the cosine schedule's floor as a fraction of the peak.
+
+    Returns:
+        A factor in ``(0, 1]`` (``r`` may make it 0 at the end of a cosine schedule).
+
+    Raises:
+        ConfigError: An unknown schedule, or ``"cosine"`` without ``total_steps > warmup_steps``.
+    """
+    if schedule not in SCHEDULES:
+        raise ConfigError(f"optim.lr_schedule must be one of {', '.join(SCHEDULES)}; got {schedule!r}")
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if schedule == "constant":
+        return 1.0
+    if total_steps is None or total_steps <= warmup_steps:
+        raise ConfigError(f"optim.lr_schedule 'cosine' needs the run's optimizer steps ({total_steps}) to "
+                          f"exceed optim.warmup_steps ({warmup_steps})")
+    progress = min(1.0, (step - warmup_steps + 1) / (total_steps - warmup_steps))
+    return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def build_scheduler(
+    optimizer: torch.optim.Optimizer, config: Any, total_steps: int | None
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """``LambdaLR`` over ``optimizer`` following ``config``'s schedule (an :class:`OptimConfig`).
+
+    Stepped once after every optimizer step; its ``last_epoch`` is then the number of steps taken.
+
+    Raises:
+        ConfigError: As :func:`lr_factor` (checked here for step 0 and the last step).
+    """
+    def factor(step: int) -> float:
+        return lr_factor(step, schedule=config.lr_schedule, warmup_steps=config.warmup_steps,
+                         total_steps=total_steps, min_lr_ratio=config.min_lr_ratio)
+
+    if total_steps is not None:
+        factor(max(total_steps - 1, 0))  # refuse a bad geometry now, not at the last step
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def apply_optim_settings(optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LambdaLR,
+                         config: Any) -> dict[str, tuple[Any, Any]]:
+    """Write ``config``'s lr, betas, eps and weight decay over what a checkpoint restored.
+
+    The optimizer's moments and step counts and the scheduler's step count are kept; the peak lr
+    becomes ``config.lr`` and each group's current lr ``config.lr * factor(last_epoch)``.
+
+    Args:
+        optimizer: An AdamW restored from a checkpoint.
+        scheduler: Its ``LambdaLR`` (from :func:`build_scheduler`), restored too.
+        config: The run's :class:`OptimConfig`.
+
+    Returns:
+        ``{field: (restored value, applied value)}`` for every field that differed (empty when the
+        checkpoint's settings were the config's), for the caller to log.
+    """
+    wanted = {"lr": float(config.lr), "betas": tuple(float(b) for b in config.betas),
+              "eps": float(config.adam_eps), "weight_decay": float(config.weight_decay)}
+    changed: dict[str, tuple[Any, Any]] = {}
+    for group in optimizer.param_groups:
+        restored = {"lr": float(group.get("initial_lr", group["lr"])), "betas": tuple(group["betas"]),
+                    "eps": float(group["eps"]), "weight_decay": float(group["weight_decay"])}
+        for key, value in wanted.items():
+            if restored[key] != value:
+                changed.setdefault(key, (restored[key], value))
+        group["initial_lr"] = wanted["lr"]
+        group["betas"] = wanted["betas"]
+        group["eps"] = wanted["eps"]
+        group["weight_decay"] = wanted["weight_decay"]
+    scheduler.base_lrs = [wanted["lr"]] * len(optimizer.param_groups)
+    step = scheduler.last_epoch
+    for group, base, fn in zip(optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas, strict=True):
+        group["lr"] = base * fn(step)
+    scheduler._last_lr = [g["lr"] for g in optimizer.param_groups]  # what get_last_lr() reports
+    return changed
+
+
+def log_applied(changed: dict[str, tuple[Any, Any]]) -> None:
+    """Warn once per field that a resume replaced the checkpoint's optimizer setting by the config's."""
+    for key, (old, new) in changed.items():
+        log.warning("resume: optim %s is %s in the config, %s in the checkpoint: using %s", key, new, old, new)
