@@ -154,6 +154,23 @@ def make(id: str, *, remote: str | Sequence[str] | None = None, **kwargs: Any) -
         from agentenv.remote.client import RemoteEnv
 
         return RemoteEnv(id, remote)
+    entry, merged = checked_arguments(id, kwargs)
+    env = entry(**merged)
+    if not isinstance(env, Env):
+        raise RegistrationError(f"{id!r} built {type(env).__name__}, which is not an agentenv Env")
+    return env
+
+
+def checked_arguments(id: str, kwargs: Mapping[str, Any]) -> tuple[Callable[..., Env], dict[str, Any]]:
+    """The constructor of ``id`` and its arguments (the registered defaults, then ``kwargs``), checked by name.
+
+    Nothing is built: a command can refuse a misspelt argument before it writes anything.
+
+    Raises:
+        EnvNotFound: ``id`` is not registered.
+        RegistrationError: The entry point cannot be imported.
+        ConfigError: A keyword argument the constructor does not take; the message lists the ones it takes.
+    """
     env_spec = spec(id)
     entry = env_spec.load()
     merged = {**env_spec.kwargs, **kwargs}
@@ -162,10 +179,7 @@ def make(id: str, *, remote: str | Sequence[str] | None = None, **kwargs: Any) -
     if unknown:
         raise ConfigError(f"environment {id!r} does not take {', '.join(map(repr, unknown))}; it takes: "
                           f"{', '.join(accepted) or 'no keyword arguments'} (check env.kwargs in the recipe)")
-    env = entry(**merged)
-    if not isinstance(env, Env):
-        raise RegistrationError(f"{id!r} built {type(env).__name__}, which is not an agentenv Env")
-    return env
+    return entry, merged
 
 
 def constructor_parameters(entry: Callable[..., Any]) -> list[str] | None:

@@ -15,7 +15,7 @@ import tomllib
 from agentenv.errors import ConfigError, EnvNotFound
 from agentenv.models import CHECKPOINT_CONTENTS, check_model, looks_like_path, resolve_model_path
 from agentenv.registration import registry
-from agentenv.trainer.recipe_files import RECIPES_DIR, find_recipe, shipped_recipes
+from agentenv.trainer.recipe_files import RECIPES_DIR, find_recipe, run_folder_for, shipped_recipes
 from agentenv.trainer.simulator import SIM_POLICIES
 from agentenv.trainer.simulator import main as simulate_main
 
@@ -127,6 +127,16 @@ def test_default_recipe_per_env_and_recipe_wins_over_env():
     assert find_recipe(None, "alfworld") == RECIPES_DIR / "alfworld_cpu.yaml"
     # with --recipe the environment is not looked up here (the recipe's env.id is overridden later)
     assert find_recipe("python_tool_cpu", "nosuchenv") == RECIPES_DIR / "python_tool_cpu.yaml"
+
+
+def test_every_listed_peer_id_gets_the_generic_recipe():
+    from agentenv.adapters import installed_specs
+
+    ids = {s.id.partition("/")[0]: s.id for s in installed_specs()}  # one id of each installed peer
+    assert {"reasoning_gym", "reasoning_gym_tool"} <= set(ids)
+    for env_id in ids.values():
+        assert find_recipe(None, env_id) == RECIPES_DIR / "generic_cpu.yaml", env_id
+    assert run_folder_for("gem/game:GuessTheNumber-v0") == "runs/gem_game_GuessTheNumber-v0"
 
 
 def test_registered_env_without_a_recipe_of_its_own_gets_the_generic_one(monkeypatch, tmp_path):

@@ -34,7 +34,6 @@ import copy
 import json
 import logging
 import random
-import shutil
 import signal
 import sys
 import time
@@ -53,6 +52,7 @@ from agentenv.faults import FAULTS
 from agentenv.forced_lag import LaggedWeights, Snapshot
 from agentenv.malloc import release_free_heap
 from agentenv.models import check_model
+from agentenv.output_folders import RUN, claim_folder
 from agentenv.pool import TrajectoryPool
 from agentenv.trainer import setup
 from agentenv.trainer.checkpoint import CheckpointManager
@@ -62,7 +62,7 @@ from agentenv.trainer.metrics import MetricsWriter
 from agentenv.trainer.overlap import LoopBusy, overlap, timed_env_factory
 from agentenv.trainer.pause import pause_point
 from agentenv.trainer.plots import plot_run
-from agentenv.trainer.recipe_files import find_recipe
+from agentenv.trainer.recipe_files import find_recipe, recipe_data
 from agentenv.trainer.resume import Resumed, ensure_run_id, run_identity, run_state
 from agentenv.trainer.resume import resume as resume_run
 
@@ -111,7 +111,7 @@ def parse_args(argv: list[str]) -> tuple[TrainConfig, argparse.Namespace]:
     ap.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     args, rest = ap.parse_known_args(argv)
     overrides = _dotted_overrides(rest)
-    data = read_yaml(find_recipe(args.recipe, args.env))
+    data = recipe_data(args.recipe, args.env)  # the generic recipe names its run folder after the env
     for flag, key in (("env", "env.id"), ("model", "model.name"), ("run_dir", "run.run_dir"),
                       ("updates", "run.updates"), ("mode", "run.mode"), ("policy", "staleness.policy")):
         value = getattr(args, flag)
@@ -152,7 +152,8 @@ def prepare_run_dir(cfg: TrainConfig, *, resume: bool, overwrite: bool) -> Path:
 
     Raises:
         RunFolderError: The folder holds files and neither ``--resume`` nor ``--overwrite`` was
-            given, or ``--resume`` was given for a folder with no run.
+            given, ``--resume`` was given for a folder with no run, or the folder holds files and is
+            not a run folder (``--overwrite`` deletes nothing else: :mod:`agentenv.output_folders`).
     """
     run_dir = Path(cfg.run.run_dir)
     exists = (run_dir / "config.yaml").exists()
@@ -160,13 +161,7 @@ def prepare_run_dir(cfg: TrainConfig, *, resume: bool, overwrite: bool) -> Path:
         if not exists:
             raise RunFolderError(f"--resume: {run_dir} holds no run (no config.yaml); start it without --resume")
         return run_dir
-    if run_dir.exists() and any(run_dir.iterdir()):
-        if not overwrite:
-            raise RunFolderError(f"{run_dir} already holds files; pass --overwrite to replace them "
-                                 "or --resume to continue")
-        shutil.rmtree(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    return run_dir
+    return claim_folder(run_dir, RUN, overwrite=overwrite)
 
 
 def resumed_config(run_dir: Path, overrides: list[str]) -> TrainConfig:
@@ -522,6 +517,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         cfg, args = parse_args(list(sys.argv[1:] if argv is None else argv))
+        if not args.resume:  # before the run folder exists; and a config --print-config shows is one the run takes
+            setup.check_env_arguments(cfg)
         if args.print_config:
             print(yaml.safe_dump(to_dict(cfg), sort_keys=False))
             return 0
@@ -557,4 +554,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"agentenv train: {exc}", file=sys.stderr)
         return 1
     print(json.dumps(summary, indent=2))
+    if (failed := setup.shortfall(cfg, summary)) is not None:
+        print(f"agentenv train: {failed}", file=sys.stderr)
+        return 1
     return 130 if summary.get("interrupted") else 0

@@ -1,6 +1,8 @@
 """Finding the recipe file of ``agentenv train``: a shipped name, a YAML path, or ``<env>_cpu`` by default.
 
-An environment without a recipe of its own gets ``generic_cpu``. Shipped recipes live in ``recipes/``
+An environment without a recipe of its own gets ``generic_cpu`` (every id ``agentenv envs`` lists:
+registered ids, plugins, and peers' ids such as ``reasoning_gym_tool/gcd``), and with it a run folder
+named after the environment (:func:`recipe_data`). Shipped recipes live in ``recipes/``
 at the top of the checkout; a non-editable install carries them as ``agentenv/recipes/`` (package
 ``agentenv.recipes``), which is the same place relative to this module. Every failure is a clear error
 naming what was looked for and what exists.
@@ -8,10 +10,13 @@ naming what was looked for and what exists.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
+from typing import Any
 
+from agentenv.configio import read_yaml
 from agentenv.errors import ConfigError, EnvNotFound
-from agentenv.registration import load_plugins, registry
+from agentenv.registration import registry, spec
 
 RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"
 """``recipes/`` beside ``trainer/`` in a checkout; ``agentenv/recipes/`` in an installed wheel."""
@@ -51,16 +56,17 @@ def find_recipe(recipe: str | None, env_id: str | None = None, *, recipes_dir: P
         ConfigError: A recipe path that does not exist or is a folder, an unknown recipe name, or a
             registered environment without a shipped ``<env>_cpu`` recipe when ``generic_cpu`` is not
             shipped either; the message lists the shipped recipe names.
-        EnvNotFound: ``recipe`` is None and ``env_id`` is not a registered environment; the message
-            lists the registered ids.
+        EnvNotFound: ``recipe`` is None and ``env_id`` is neither registered nor an installed peer's
+            id; the message lists the registered ids.
     """
     if recipe is None:
         env = env_id or DEFAULT_ENV
-        load_plugins()
-        if env not in registry:
+        try:
+            spec(env)  # a peer's id (reasoning_gym_tool/gcd, gem/..., textarena/...) is registered here
+        except EnvNotFound:
             known = ", ".join(sorted(registry)) or "none"
-            raise EnvNotFound(f"unknown environment {env!r} (registered environments: {known}; "
-                              f"`agentenv envs` describes them)")
+            raise EnvNotFound(f"unknown environment {env!r} (registered environments: {known}; and the ids "
+                              "of installed peers: `agentenv envs` lists them all)") from None
         candidate = recipes_dir / f"{env}_cpu.yaml"
         if candidate.is_file():
             return candidate
@@ -84,3 +90,28 @@ def find_recipe(recipe: str | None, env_id: str | None = None, *, recipes_dir: P
     if candidate.is_file():
         return candidate
     raise ConfigError(f"unknown recipe {recipe!r} ({_shipped_hint(recipes_dir)}; or pass a path to a YAML file)")
+
+
+def run_folder_for(env_id: str) -> str:
+    """The run folder of ``env_id`` trained with the generic recipe: ``runs/<env id, / and : as _>``.
+
+    >>> run_folder_for("reasoning_gym_tool/gcd")
+    'runs/reasoning_gym_tool_gcd'
+    """
+    return "runs/" + re.sub(r"[^A-Za-z0-9._-]+", "_", env_id).strip("_.")
+
+
+def recipe_data(recipe: str | None, env_id: str | None = None, *, recipes_dir: Path = RECIPES_DIR) -> dict[str, Any]:
+    """The recipe of ``--recipe`` / ``--env`` as a dict, ready for command-line overrides.
+
+    The generic recipe (chosen for an environment without a recipe of its own, or named) trains
+    ``env_id`` in :func:`run_folder_for` it, so that two environments never share a run folder.
+
+    Raises:
+        ConfigError / EnvNotFound: as :func:`find_recipe`.
+    """
+    path = find_recipe(recipe, env_id, recipes_dir=recipes_dir)
+    data = read_yaml(path)
+    if path.stem == GENERIC_RECIPE and env_id is not None:
+        data.setdefault("run", {})["run_dir"] = run_folder_for(env_id)
+    return data

@@ -17,7 +17,7 @@ from agentenv.configio import to_dict
 from agentenv.core import Env, has_scripted_demonstrations
 from agentenv.errors import ConfigError
 from agentenv.paths import cache_dir
-from agentenv.registration import make, spec
+from agentenv.registration import checked_arguments, make, spec
 from agentenv.rollout import is_token_budget_cut
 from agentenv.step_latency import StepLatency
 from agentenv.trainer.config import TrainConfig
@@ -52,6 +52,45 @@ def env_factory(cfg: TrainConfig, renderer: Any = None) -> Callable[[], Env]:
     if latency.enabled:
         return lambda: StepLatency(make(cfg.env.id, **kwargs), latency)
     return lambda: make(cfg.env.id, **kwargs)
+
+
+def check_env_arguments(cfg: TrainConfig) -> None:
+    """Check ``env.kwargs`` and ``env.eval_kwargs`` by name against the env's constructor; build nothing.
+
+    ``--print-config`` runs it, so that a config it prints is one the run accepts. A remote env's
+    arguments belong to its servers and are not checked here.
+
+    Raises:
+        EnvNotFound: ``env.id`` is not registered.
+        ConfigError: An argument the constructor does not take (the message lists the ones it takes).
+    """
+    if cfg.env.remote is not None:
+        return
+    checked_arguments(cfg.env.id, cfg.env.kwargs)
+    if cfg.env.eval_kwargs:
+        checked_arguments(cfg.env.id, {**cfg.env.kwargs, **cfg.env.eval_kwargs})
+
+
+def shortfall(cfg: TrainConfig, summary: dict[str, Any]) -> str | None:
+    """Why a finished run failed, in one line, or None: it made fewer updates than ``run.updates``.
+
+    A run stopped by Ctrl-C (``summary["interrupted"]``: its own exit status) is not judged here; one
+    stopped by its time budget (``budget_spent``) fails only when it made no update at all.
+
+    Args:
+        cfg: The run's config (``run.updates``, ``run.batch_limit``).
+        summary: :func:`agentenv.trainer.recipe.train`'s summary (``updates``, ``interrupted``, ``budget_spent``).
+    """
+    done, asked = int(summary.get("updates", 0)), cfg.run.updates
+    if done >= asked or summary.get("interrupted") or (done > 0 and summary.get("budget_spent")):
+        return None
+    if summary.get("budget_spent"):
+        why = "the time budget ran out before the first update"
+    else:
+        why = (f"the loop stopped after {cfg.run.batch_limit} batches (run.max_batches), most of them without "
+               "gradient (every reward in the batch equal); more tokens or turns per episode (rollout.*), a "
+               "larger run.batch_size or optim.step_on_zero_gradient=true change that")
+    return f"made {done} of the {asked} updates asked for: {why}"
 
 
 def default_env_kwargs(cfg: TrainConfig, renderer: Any) -> dict[str, Any]:

@@ -8,6 +8,7 @@ import pytest
 
 from agentenv.errors import ConfigError, RunFolderError
 from agentenv.trainer.recipe import main, parse_args, prepare_run_dir
+from agentenv.trainer.resume import ensure_run_id
 
 
 def test_overrides_reach_the_typed_config():
@@ -36,8 +37,27 @@ def test_bad_configs_fail_with_a_clear_error(argv, needle):
 def test_unknown_env_is_a_clear_error(tmp_path, capsys):
     rc = main(["--env", "no_such_env", "--recipe", "python_tool_cpu", "--run-dir", str(tmp_path / "r"),
                "warmup.steps=0", "--updates", "1"])
-    assert rc == 1
+    assert rc == 2
     assert "no environment 'no_such_env'" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
+
+
+def test_print_config_refuses_an_env_argument_the_run_would_refuse(tmp_path, capsys):
+    argv = ["--env", "python_tool", "--run-dir", str(tmp_path / "r"), "env.kwargs.no_such_arg=1"]
+    assert main([*argv, "--print-config"]) == 2
+    assert "does not take 'no_such_arg'" in capsys.readouterr().err
+    assert main(argv) == 2 and not (tmp_path / "r").exists()
+    assert main(["--env", "python_tool", "env.kwargs.max_turns=3", "--print-config"]) == 0
+    assert "max_turns: 3" in capsys.readouterr().out
+
+
+def test_overwrite_never_deletes_a_folder_that_is_not_a_run(tmp_path, capsys):
+    mine = tmp_path / "thesis"
+    mine.mkdir()
+    (mine / "thesis.tex").write_text("\\documentclass{article}")
+    assert main(["--run-dir", str(mine), "--overwrite", "--updates", "1"]) == 2
+    assert "not an agentenv training run folder" in capsys.readouterr().err
+    assert [p.name for p in mine.iterdir()] == ["thesis.tex"]
 
 
 @pytest.mark.parametrize(
@@ -57,6 +77,7 @@ def test_command_line_mistakes_fail_before_a_run_folder_exists(tmp_path, capsys,
 def test_run_folder_is_never_overwritten_silently(tmp_path):
     cfg, _ = parse_args(["--run-dir", str(tmp_path / "run")])
     run = prepare_run_dir(cfg, resume=False, overwrite=False)
+    ensure_run_id(run)  # what train writes once the model has loaded: the folder is a run's from here
     (run / "metrics.jsonl").write_text("{}\n")
     with pytest.raises(RunFolderError, match="--overwrite"):
         prepare_run_dir(cfg, resume=False, overwrite=False)

@@ -36,7 +36,11 @@ def test_the_generic_recipe_assumes_nothing_about_the_env():
     cfg, _ = parse_args(["--recipe", "generic_cpu", "--env", "alfworld"])
     assert cfg.env.id == "alfworld" and cfg.env.kwargs == {} and cfg.env.eval_kwargs == {}
     assert cfg.warmup.steps == 0 and cfg.eval.problems == 0 and cfg.model.name is None
-    assert cfg.run.run_dir == "runs/generic_cpu"
+    assert cfg.run.run_dir == "runs/alfworld"  # named after the env: two envs never share a run folder
+    cfg, _ = parse_args(["--env", "reasoning_gym_tool/gcd"])  # a peer's id: the generic recipe, chosen for it
+    assert (cfg.env.id, cfg.run.run_dir) == ("reasoning_gym_tool/gcd", "runs/reasoning_gym_tool_gcd")
+    cfg, _ = parse_args(["--env", "reasoning_gym/gcd", "--run-dir", "elsewhere"])
+    assert cfg.run.run_dir == "elsewhere"
 
 
 def test_removed_env_fields_are_unknown_fields():
