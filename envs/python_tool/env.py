@@ -59,8 +59,10 @@ class PythonToolEnv(Env[str, str]):
         problems: An explicit problem list; overrides ``dataset``.
         max_problem_chars: Keep only problems at most this many characters long (None keeps all),
             in their order; e.g. short "Compute ..." problems a 135M model can turn into one expression.
-        grade_timeout_s: Seconds grading one answer may take; past it the grading worker is killed and
-            ``step`` raises ``GradingError`` (the episode fails and is replayed, never scored 0).
+        grade_timeout_s: Seconds grading one answer may take; past it the grading worker is killed.
+            A worker that spent the time computing on the answer grades it wrong (reward 0, reason
+            ``"timeout after N s"``, ``info["grading_timeout"]``); one that stalled (stopped or
+            starved of CPU) or died makes ``step`` raise ``GradingError`` (replayed, never scored).
         grader: Grader to use; default the process-wide one.
         max_output_chars: Characters kept of each stream of each tool result.
         data_root: Shared data folder (default :func:`agentenv.paths.data_dir`).
@@ -207,8 +209,9 @@ class PythonToolEnv(Env[str, str]):
             ResetNeeded: No episode is running.
             SandboxError: The sandbox backend cannot start a worker, or the episode's worker died between
                 two calls (its state is lost).
-            GradingError: The grading worker hung (killed at ``grade_timeout_s``) or died: the answer was
-                not graded, which is not the policy's doing (the episode fails and is replayed).
+            GradingError: The grading worker stalled (passed ``grade_timeout_s`` without computing) or
+                died: the answer was not graded, which is not the policy's doing (the episode fails
+                and is replayed). An answer too expensive to verify is graded wrong instead.
         """
         if self._done or self._problem is None:
             raise ResetNeeded("call reset() before step() (the episode is over or never started)")
@@ -276,12 +279,13 @@ class PythonToolEnv(Env[str, str]):
         t0 = time.perf_counter()
         grade = await grader.grade_async(reply, self._problem.answers, timeout_s=self.grade_timeout_s)
         self._stats["grading_s"] = time.perf_counter() - t0
-        if grade.fault is not None:  # the grader hung (killed) or died: not the answer's verdict, never reward 0
+        if grade.fault is not None:  # the grader stalled or died: not the answer's verdict, never reward 0
             await self._end_episode()
             raise GradingError(f"the answer could not be graded: {grade.reason} (the episode is played again)")
         await self._end_episode()
         info = self._info(truncated=False)
-        info.update(extracted_answer=grade.extracted, grade_reason=grade.reason, correct=grade.correct)
+        info.update(extracted_answer=grade.extracted, grade_reason=grade.reason, correct=grade.correct,
+                    grading_timeout=grade.timed_out)
         return StepResult("", 1.0 if grade.correct else 0.0, True, False, info)
 
     def _info(self, *, truncated: bool) -> dict[str, Any]:

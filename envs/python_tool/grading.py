@@ -15,6 +15,12 @@ reads several ``\\boxed{}`` in one text as a set. So:
   most ``timeout_s`` seconds, then kills the worker and a fresh one replaces it. This is safe from
   any thread and, through :func:`grade_answer_async`, from async code.
 
+Who is at fault when grading does not finish (docs/grading.md, "Timeouts"): a worker that spent at
+least :data:`_ANSWER_CPU_SHARE` of the deadline computing was busy with the answer, which is too
+expensive to verify: graded wrong with reason ``"timeout after N s"`` (``timed_out``), the policy's
+doing. A worker that passed the deadline without computing (stopped, or starved of CPU) or died is
+the grader's failure (``fault``): the answer was not graded and must not be scored.
+
 An answer the grader cannot parse is graded wrong with a reason; grading raises only when a worker
 cannot be started.
 """
@@ -60,8 +66,11 @@ class GradeResult:
         reason: ``"correct"`` (``"correct (several boxes read as one set)"`` for a box group),
             ``"wrong"``, or why the answer could not be graded.
         duration_s: Wall-clock seconds spent grading (waiting for a free worker excluded).
-        fault: ``"timeout"`` (the worker passed the deadline and was killed) or ``"crashed"`` (the
-            worker died): the answer was not graded, for reasons outside the policy; else None.
+        fault: ``"timeout"`` (the worker passed the deadline without computing: stopped or starved
+            of CPU; it was killed) or ``"crashed"`` (the worker died): the answer was not graded,
+            for reasons outside the policy; else None.
+        timed_out: The answer was too expensive to verify: the worker computed on it until the
+            deadline and was killed. A verdict (wrong, reason ``"timeout after N s"``), not a fault.
     """
 
     correct: bool
@@ -69,6 +78,7 @@ class GradeResult:
     reason: str
     duration_s: float = 0.0
     fault: str | None = None
+    timed_out: bool = False
 
 
 def _box_span(text: str, start: int) -> tuple[str, int] | None:
@@ -648,6 +658,13 @@ def _worker_main(fn_path: str) -> None:
 _WORKER_COMMAND = "import sys; from agentenv.envs.python_tool.grading import _worker_main; _worker_main(sys.argv[1])"
 
 
+#: Least share of the deadline a worker must have spent on CPU for a timeout to be the answer's
+#: (graded wrong); below it the worker was stopped or starved, a fault of the grader.
+_ANSWER_CPU_SHARE = 0.1
+
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
 class _Worker:
     """One grading subprocess and its pipes."""
 
@@ -688,6 +705,15 @@ class _Worker:
             self._buf += chunk
         line, _, self._buf = self._buf.partition(b"\n")
         return json.loads(line)
+
+    def cpu_s(self) -> float | None:
+        """CPU seconds (user + system) the worker has used so far; None where ``/proc`` cannot tell."""
+        try:
+            with open(f"/proc/{self.proc.pid}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            return None
+        return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS  # utime, stime (fields 14, 15 of stat)
 
     def kill(self) -> None:
         if self.proc.poll() is None:
@@ -741,7 +767,7 @@ class Grader:
         self._count = 0
         self._cond = threading.Condition()
         self._closed = False
-        self.timeouts = 0  #: deadline kills so far
+        self.timeouts = 0  #: deadline kills so far (answers too expensive and stalled workers)
         self.restarts = 0  #: workers started after the first
 
     def _take(self) -> _Worker:
@@ -786,12 +812,14 @@ class Grader:
         Args:
             response_text: The model's final reply.
             ground_truth: One answer, or several accepted alternatives.
-            timeout_s: Seconds the grading itself may take; past it the worker is killed and the
-                answer is graded wrong with reason ``"timeout"``.
+            timeout_s: Seconds the grading itself may take; past it the worker is killed. When the
+                worker spent the time computing (at least :data:`_ANSWER_CPU_SHARE` of it on CPU),
+                the answer is graded wrong with reason ``"timeout after N s"`` and ``timed_out``;
+                otherwise the result carries ``fault="timeout"`` (the grader stalled).
 
         Returns:
             A :class:`GradeResult`; no answer text makes it raise (a hang, a crash or a grader
-            exception is a wrong verdict with its reason).
+            exception is a wrong verdict with its reason, or a ``fault`` for the caller to handle).
 
         Raises:
             ConfigError: A new worker process did not start within ``start_timeout_s``.
@@ -814,15 +842,11 @@ class Grader:
         verdict: tuple[bool, str] = (False, "wrong")
         for answer, try_golds, note in tries:
             try:
+                cpu0 = worker.cpu_s()
                 worker.send([answer, try_golds])
                 reply = worker.read(max(0.0, deadline - time.monotonic()))
                 if reply is None:
-                    self.timeouts += 1
-                    self._drop(worker)
-                    FAULTS.record("grader_kills", time.perf_counter() - t0)  # from the hung request to the kill
-                    return GradeResult(
-                        False, extracted, f"timeout after {timeout_s:g} s", time.perf_counter() - t0, "timeout"
-                    )
+                    return self._timed_out(worker, extracted, timeout_s, cpu0, t0)
                 correct, reason = reply
             except (EOFError, OSError, BrokenPipeError) as exc:
                 self._drop(worker)
@@ -837,6 +861,20 @@ class Grader:
                 verdict = (False, str(reason))
         self._give_back(worker)
         return GradeResult(False, extracted, verdict[1], time.perf_counter() - t0)
+
+    def _timed_out(self, worker: _Worker, extracted: str, timeout_s: float, cpu0: float | None,
+                   t0: float) -> GradeResult:
+        """Kill ``worker`` past its deadline; the answer's timeout if it was computing, else a fault."""
+        cpu1 = worker.cpu_s()
+        used = None if cpu0 is None or cpu1 is None else cpu1 - cpu0
+        self.timeouts += 1
+        self._drop(worker)
+        duration = time.perf_counter() - t0
+        if used is None or used >= _ANSWER_CPU_SHARE * timeout_s:
+            return GradeResult(False, extracted, f"timeout after {timeout_s:g} s", duration, timed_out=True)
+        FAULTS.record("grader_kills", duration)  # from the stalled request to the kill
+        return GradeResult(False, extracted, f"grader stalled: {used:.2f} s of CPU in the {timeout_s:g} s deadline",
+                           duration, "timeout")
 
     async def grade_async(
         self, response_text: str, ground_truth: str | int | float | Sequence[str], *, timeout_s: float = 5.0

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import threading
 import time
 
@@ -16,11 +18,17 @@ from agentenv.envs.python_tool.grading import (
     grade_answer,
     grade_answer_async,
 )
+from agentenv.faults import FAULTS
 
 
 def slow_verify(extracted: str, golds: list[str]) -> tuple[bool, str]:
-    """A grader that hangs on the answer "hang" (runs in the worker process)."""
+    """A grader that computes on the answer "hang" for 60 s (runs in the worker process), and
+    waits without computing on "stall" (a stuck grader, not an expensive answer)."""
     if extracted == "hang":
+        end = time.monotonic() + 60
+        while time.monotonic() < end:
+            pass
+    if extracted == "stall":
         time.sleep(60)
     return extracted in golds, "string compare"
 
@@ -122,15 +130,47 @@ def test_grading_from_threads_and_async() -> None:
     assert a.correct and not b.correct
 
 
-def test_timeout_kills_worker_and_next_grade_works() -> None:
+def test_an_answer_too_expensive_to_verify_is_graded_wrong_with_reason_timeout() -> None:
+    kills = FAULTS.total("grader_kills")
     with Grader(workers=1, verify_fn=slow_verify) as g:
         t0 = time.perf_counter()
         r = g.grade("\\boxed{hang}", "1", timeout_s=0.5)
         assert time.perf_counter() - t0 < 10
-        assert not r.correct and r.reason.startswith("timeout") and r.extracted == "hang"
-        assert g.timeouts == 1
+        assert not r.correct and r.reason == "timeout after 0.5 s" and r.extracted == "hang"
+        assert r.timed_out and r.fault is None  # the answer's cost: a verdict, not a fault of the grader
+        assert g.timeouts == 1 and FAULTS.total("grader_kills") == kills
         r2 = g.grade("\\boxed{1}", "1", timeout_s=30)
-        assert r2.correct and r2.reason == "string compare"
+        assert r2.correct and r2.reason == "string compare" and not r2.timed_out
+
+
+def test_a_tower_of_powers_times_out_in_the_real_grader_as_the_answers_fault() -> None:
+    with Grader(workers=1) as g:
+        assert g.grade("\\boxed{1}", "1", timeout_s=60).correct  # the worker is up (start-up not timed)
+        r = g.grade("so \\boxed{9^{9^{9^{9}}}}", "1", timeout_s=1.0)
+        assert (r.correct, r.timed_out, r.fault, r.reason) == (False, True, None, "timeout after 1 s")
+
+
+def test_a_stalled_worker_is_a_fault_of_the_grader_not_a_verdict() -> None:
+    kills = FAULTS.total("grader_kills")
+    with Grader(workers=1, verify_fn=slow_verify) as g:
+        r = g.grade("\\boxed{stall}", "1", timeout_s=0.5)  # waits without computing
+        assert r.fault == "timeout" and not r.timed_out and r.reason.startswith("grader stalled")
+        assert FAULTS.total("grader_kills") == kills + 1
+        assert g.grade("\\boxed{1}", "1", timeout_s=30).correct  # a fresh worker
+
+
+def test_a_stopped_worker_is_a_fault_and_a_killed_one_a_crash() -> None:
+    with Grader(workers=1, verify_fn=slow_verify) as g:
+        assert g.grade("\\boxed{1}", "1", timeout_s=30).correct
+        (worker,) = g._idle
+        os.kill(worker.proc.pid, signal.SIGSTOP)  # frozen from outside: not the answer's doing
+        r = g.grade("\\boxed{1}", "1", timeout_s=0.5)
+        assert (r.fault, r.timed_out, r.correct) == ("timeout", False, False)
+        assert g.grade("\\boxed{1}", "1", timeout_s=30).correct
+        (worker,) = g._idle
+        threading.Timer(0.3, os.kill, (worker.proc.pid, signal.SIGKILL)).start()
+        r = g.grade("\\boxed{hang}", "1", timeout_s=30)  # killed mid-grade
+        assert (r.fault, r.timed_out, r.correct) == ("crashed", False, False)
 
 
 def test_crashed_worker_is_replaced() -> None:

@@ -10,7 +10,7 @@ import agentenv
 from agentenv.envs.python_tool import PYTHON_TOOL_SCHEMA, PythonToolEnv
 from agentenv.envs.python_tool.datasets import MathProblem
 from agentenv.envs.python_tool.grading import Grader
-from agentenv.errors import ConfigError, DataError, ResetNeeded
+from agentenv.errors import ConfigError, DataError, GradingError, ResetNeeded
 from agentenv.sandboxes import ExecResult, ExecStatus
 
 PROBLEMS = [MathProblem(f"t/{i}", f"What is {i} + {i}?", str(2 * i), "t") for i in range(5)]
@@ -147,6 +147,44 @@ async def test_wrong_answer_and_no_answer_score_zero(grader) -> None:
     await env.reset(options={"index": 1})
     r = await env.step("I don't know")
     assert r.reward == 0.0 and r.terminated and r.info["extracted_answer"] is None
+
+
+async def test_an_answer_that_hangs_the_grader_scores_zero_with_reason_timeout(grader) -> None:
+    env, _ = make_env(grader, grade_timeout_s=1.0)
+    await env.reset(options={"index": 1})
+    assert (await env.step("\\boxed{2}")).reward == 1.0  # the worker is up: its start-up is not timed
+    await env.reset(options={"index": 1})
+    r = await env.step("\\boxed{9^{9^{9^{9}}}}")  # math-verify computes on it until the deadline
+    assert (r.reward, r.terminated) == (0.0, True)
+    assert r.info["grade_reason"] == "timeout after 1 s" and r.info["grading_timeout"] is True
+    await env.reset(options={"index": 1})
+    assert (await env.step("\\boxed{2}")).info["grading_timeout"] is False
+
+
+def stalling_or_dying_verify(extracted: str, golds: list[str]) -> tuple[bool, str]:
+    """Runs in the grading worker: waits without computing on "stall", exits on "die"."""
+    import os
+    import time
+
+    if extracted == "stall":
+        time.sleep(60)
+    if extracted == "die":
+        os._exit(3)
+    return extracted in golds, "string compare"
+
+
+async def test_a_grader_that_stalls_or_dies_fails_the_episode_for_a_replay() -> None:
+    for answer in ("stall", "die"):
+        with Grader(workers=1, verify_fn=stalling_or_dying_verify) as g:
+            env, pool = make_env(g, grade_timeout_s=0.5)
+            await env.reset(options={"index": 1})
+            assert (await env.step("\\boxed{2}")).reward == 1.0  # the worker is up
+            await env.reset(options={"index": 1})
+            with pytest.raises(GradingError, match="could not be graded"):
+                await env.step(f"\\boxed{{{answer}}}")
+            assert pool.released == pool.handed
+            with pytest.raises(ResetNeeded):  # the episode is over, unscored
+                await env.step("\\boxed{2}")
 
 
 async def test_max_turns_truncates(grader) -> None:
