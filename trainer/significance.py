@@ -18,7 +18,7 @@ import numpy as np
 
 from agentenv.errors import DataError
 
-__all__ = ["ImprovementInterval", "paired_bootstrap", "two_proportion_interval"]
+__all__ = ["ImprovementInterval", "paired_bootstrap", "seed_task_bootstrap", "two_proportion_interval"]
 
 #: Two-sided 95% normal quantile.
 Z95 = 1.959963984540054
@@ -91,6 +91,49 @@ def paired_bootstrap(before: Sequence[float], after: Sequence[float], *, resampl
     low, high = np.quantile(means, [0.025, 0.975])
     return ImprovementInterval(float(b.mean()), float(a.mean()), float(diff.mean()), float(low), float(high),
                                int(diff.size), "paired_bootstrap")
+
+
+def seed_task_bootstrap(before: Sequence[Sequence[float]], after: Sequence[Sequence[float]], *,
+                        resamples: int = 10_000, seed: int = 0) -> ImprovementInterval:
+    """95% interval of the mean change over runs of different seeds, resampling seeds, then tasks.
+
+    Each resample draws ``k`` runs with replacement from the ``k`` given, and ``n`` task indices with
+    replacement (the same tasks for every run: all runs were evaluated on the same ``n`` held-out
+    tasks), and takes the mean over the drawn runs of ``mean(after) - mean(before)`` on the drawn
+    tasks. The interval thus carries both the seed-to-seed spread and the tasks' sampling noise.
+
+    Args:
+        before: ``(k, n)`` per-run, per-task success before training (1/0 or rates in [0, 1]).
+        after: ``(k, n)`` the same runs and tasks after training.
+        resamples: Bootstrap resamples (>= 100).
+        seed: Seeds the resampling.
+
+    Returns:
+        :class:`ImprovementInterval` with ``method="seed_task_bootstrap"``, ``tasks`` = ``n``;
+        ``before``/``after``/``delta`` are the means over runs.
+
+    Raises:
+        DataError: No runs, runs of different task counts, values outside [0, 1], ``resamples < 100``.
+    """
+    if not before or len(before) != len(after):
+        raise DataError(f"need the same number (>= 1) of runs before and after, got {len(before)} and {len(after)}")
+    b = np.stack([_as_outcomes(x, "before") for x in before]) if len({len(x) for x in before}) == 1 else None
+    a = np.stack([_as_outcomes(x, "after") for x in after]) if len({len(x) for x in after}) == 1 else None
+    if b is None or a is None or b.shape != a.shape:
+        raise DataError("every run must be evaluated on the same number of held-out tasks")
+    if resamples < 100:
+        raise DataError(f"resamples must be >= 100, got {resamples}")
+    diff = a - b  # (k, n)
+    k, n = diff.shape
+    rng = np.random.default_rng(seed)
+    means = np.empty(resamples)
+    for i in range(resamples):
+        runs = rng.integers(0, k, size=k)
+        tasks = rng.integers(0, n, size=n)
+        means[i] = diff[np.ix_(runs, tasks)].mean()
+    low, high = np.quantile(means, [0.025, 0.975])
+    return ImprovementInterval(float(b.mean()), float(a.mean()), float(diff.mean()), float(low), float(high),
+                               int(n), "seed_task_bootstrap")
 
 
 def two_proportion_interval(before: Sequence[float], after: Sequence[float]) -> ImprovementInterval:
