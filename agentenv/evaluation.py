@@ -25,6 +25,7 @@ import logging
 import math
 import sys
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -32,6 +33,7 @@ from typing import Any
 
 from agentenv.core import Env, TaskSet
 from agentenv.errors import AgentEnvError, ConfigError
+from agentenv.output_folders import EVALUATION, claim_folder
 
 logger = logging.getLogger(__name__)
 
@@ -42,18 +44,24 @@ class EpisodeJob:
 
     Attributes:
         game_index: Index into the environment's :meth:`~agentenv.core.Env.tasks`
-            (``reset(options={"task": i})``).
-        game: Task id (for the report).
+            (``reset(options={"task": i})``); None for an env without a task list, whose episode
+            is chosen by ``reset_seed``.
+        game: Task id (for the report; ``seed-<reset_seed>`` for a seed).
         task_type: Kind of the task (for the report).
         sample: 0..K-1, which of the K samples of this game.
-        seed: Seed passed to ``env.reset`` (and so to the sampler through the rollout loop).
+        seed: Seed passed to ``env.reset`` (and so to the sampler through the rollout loop); with
+            ``reset_seed`` set, the sampler's seed only.
+        reset_seed: The seed that picks the episode of an env without a task list (``env.reset(seed=...)``).
+        transcript: Keep the episode's transcript in the report.
     """
 
-    game_index: int
+    game_index: int | None
     game: str
     task_type: str
     sample: int = 0
     seed: int = 0
+    reset_seed: int | None = None
+    transcript: bool = False
 
 
 @dataclass(frozen=True)
@@ -70,6 +78,8 @@ class EpisodeResult:
             env's step limit), a rollout budget (``"max_new_tokens_per_turn"``, ``"context"``, ...), or
             ``"error"``.
         error: ``"Type: message"`` when the episode failed (it then counts as not won), else None.
+        answer: The answer the env read from the reply (``info["extracted_answer"]``), if it says.
+        transcript: The whole episode as text, special tokens kept (only for jobs that ask for it).
     """
 
     game: str
@@ -81,6 +91,8 @@ class EpisodeResult:
     seconds: float = 0.0
     error: str | None = None
     ending: str = ""
+    answer: str | None = None
+    transcript: str | None = None
 
 
 Agent = Callable[[Env, EpisodeJob], Awaitable[EpisodeResult]]
@@ -89,7 +101,8 @@ Policy = Callable[[str, Mapping[str, Any]], Awaitable[str]]
 
 
 def make_jobs(
-    games: Sequence[tuple[str, str]], *, samples_per_game: int = 1, limit: int | None = None, seed: int = 0
+    games: Sequence[tuple[str, str]], *, samples_per_game: int = 1, limit: int | None = None, seed: int = 0,
+    transcripts: int = 0,
 ) -> list[EpisodeJob]:
     """Jobs for the first ``limit`` games (all if None), ``samples_per_game`` each.
 
@@ -98,6 +111,7 @@ def make_jobs(
         samples_per_game: K, episodes per game (K = 3 in the ALFWorld papers).
         limit: Play only the first ``limit`` games.
         seed: Base seed; job ``j`` gets ``seed + j``.
+        transcripts: The first this many jobs keep their transcript.
 
     Raises:
         ConfigError: ``samples_per_game < 1`` or ``limit < 1``.
@@ -110,13 +124,40 @@ def make_jobs(
     jobs = []
     for i, (name, task_type) in enumerate(chosen):
         for k in range(samples_per_game):
-            jobs.append(EpisodeJob(i, name, task_type, k, seed + len(jobs)))
+            jobs.append(EpisodeJob(i, name, task_type, k, seed + len(jobs), transcript=len(jobs) < transcripts))
+    return jobs
+
+
+def seed_jobs(seeds: range, *, samples_per_game: int = 1, transcripts: int = 0) -> list[EpisodeJob]:
+    """Jobs for an env without a task list: each seed of ``seeds`` is one game, ``samples_per_game`` each.
+
+    Sample ``k`` of seed ``s`` resets the env with ``s`` and samples with seed ``s * 1009 + k``.
+
+    Raises:
+        ConfigError: ``samples_per_game < 1`` or an empty range.
+    """
+    if samples_per_game < 1:
+        raise ConfigError(f"samples_per_game must be >= 1, got {samples_per_game}")
+    if not len(seeds):
+        raise ConfigError(f"--seeds {seeds.start}:{seeds.stop} is empty")
+    jobs: list[EpisodeJob] = []
+    for s in seeds:
+        for k in range(samples_per_game):
+            jobs.append(EpisodeJob(None, f"seed-{s}", "", k, s * 1009 + k, reset_seed=s,
+                                   transcript=len(jobs) < transcripts))
     return jobs
 
 
 def _failed(job: EpisodeJob, exc: BaseException, seconds: float) -> EpisodeResult:
     error = f"{type(exc).__name__}: {exc}"
     return EpisodeResult(job.game, job.task_type, job.sample, False, 0.0, 0, seconds, error, "error")
+
+
+def _reset_args(job: EpisodeJob) -> dict[str, Any]:
+    """``env.reset`` keywords of ``job``: its task index, or its seed for an env without a task list."""
+    if job.game_index is None:
+        return {"seed": job.reset_seed, "options": None}
+    return {"seed": job.seed, "options": {"task": job.game_index}}
 
 
 async def run_jobs(
@@ -191,7 +232,7 @@ def policy_agent(make_policy: Callable[[EpisodeJob, Mapping[str, Any]], Policy])
 
     async def agent(env: Env, job: EpisodeJob) -> EpisodeResult:
         start = time.perf_counter()
-        obs, info = await env.reset(seed=job.seed, options={"task": job.game_index})
+        obs, info = await env.reset(**_reset_args(job))
         policy = make_policy(job, info)
         total, steps, won = 0.0, 0, False
         while True:
@@ -219,13 +260,16 @@ def model_agent(engine: Any, renderer: Any, cfg: Any) -> Agent:
         cfg: An ``agentenv.rollout.RolloutConfig`` (its ``max_turns`` should cover the env's steps).
 
     An episode is won when ``info["won"]`` says so or, for envs that do not report it, when its
-    reward is positive; its steps are ``info["steps"]``, else the assistant turns.
+    reward is positive; its steps are ``info["steps"]``, else the assistant turns. Its answer is
+    ``info["extracted_answer"]``; a job with ``transcript`` keeps the decoded episode.
     """
     from agentenv.rollout import run_episode
 
     async def agent(env: Env, job: EpisodeJob) -> EpisodeResult:
         start = time.perf_counter()
-        traj = await run_episode(env, engine, renderer, cfg, seed=job.seed, options={"task": job.game_index})
+        reset = _reset_args(job)
+        sampling_seed = job.seed if job.game_index is None else None
+        traj = await run_episode(env, engine, renderer, cfg, **reset, sampling_seed=sampling_seed)
         info = traj.info
         won = bool(info.get("won", traj.reward > 0)) and traj.status != "error"
         trunc = info.get("truncation")
@@ -243,6 +287,8 @@ def model_agent(engine: Any, renderer: Any, cfg: Any) -> Agent:
             seconds=time.perf_counter() - start,
             error=info.get("error") if traj.status == "error" else None,
             ending=ending,
+            answer=None if info.get("extracted_answer") is None else str(info["extracted_answer"]),
+            transcript=renderer.decode(traj.token_ids, keep_special=True) if job.transcript else None,
         )
 
     return agent
@@ -261,6 +307,7 @@ class TaskStats:
         mean_steps: Mean steps per episode (steps).
         mean_steps_won: Mean steps of won episodes (NaN when none was won).
         errors: Episodes that failed with an error (counted as not won).
+        endings: Why the episodes ended (:attr:`EpisodeResult.ending`) -> episodes, most frequent first.
     """
 
     games: int
@@ -271,6 +318,7 @@ class TaskStats:
     mean_steps: float
     mean_steps_won: float
     errors: int
+    endings: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -284,6 +332,8 @@ class EvalReport:
         per_task: Task kind (ALFWorld: task type) -> figures, in ``task_order`` then alphabetical order.
         seconds: Wall time of the run (seconds).
         episodes_per_minute: Throughput (episodes / minute).
+        protocol: How the episodes were played (sampling, samples, turn and token limits, tasks or
+            seeds): ``agentenv eval`` fills it (:func:`protocol`); empty when not stated.
     """
 
     env: str
@@ -294,6 +344,7 @@ class EvalReport:
     per_task: dict[str, TaskStats] = field(default_factory=dict)
     seconds: float = 0.0
     episodes_per_minute: float = 0.0
+    protocol: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """The report as a JSON-ready dict (NaN written as null)."""
@@ -325,6 +376,7 @@ def _stats(results: Sequence[EpisodeResult]) -> TaskStats:
         mean_steps=sum(r.steps for r in results) / n if n else nan,
         mean_steps_won=sum(won_steps) / len(won_steps) if won_steps else nan,
         errors=sum(r.error is not None for r in results),
+        endings=dict(Counter(r.ending or "?" for r in results).most_common()),
     )
 
 
@@ -337,6 +389,7 @@ def aggregate(
     samples_per_game: int = 1,
     task_order: Sequence[str] = (),
     seconds: float = 0.0,
+    protocol: Mapping[str, Any] | None = None,
 ) -> EvalReport:
     """Summarise episode results (pure: no I/O).
 
@@ -348,6 +401,7 @@ def aggregate(
         samples_per_game: K, copied into the report.
         task_order: Task types to list first, in this order, even when no episode has them.
         seconds: Wall time of the run, for the throughput.
+        protocol: How the episodes were played, copied into the report.
     """
     types = list(task_order) + sorted({r.task_type for r in results} - set(task_order))
     per_task = {t: _stats([r for r in results if r.task_type == t]) for t in types}
@@ -360,6 +414,7 @@ def aggregate(
         per_task=per_task,
         seconds=seconds,
         episodes_per_minute=60.0 * len(results) / seconds if seconds > 0 else 0.0,
+        protocol=dict(protocol or {}),
     )
 
 
@@ -390,6 +445,10 @@ def format_table(report: EvalReport) -> str:
 
     rows += [row(t or "(no kind)", s) for t, s in report.per_task.items()]
     rows += ["-" * len(head), row("overall", report.overall)]
+    ended = ", ".join(f"{n} {why}" for why, n in report.overall.endings.items())
+    rows.append(f"episodes ended: {ended or '-'}")
+    if report.protocol:
+        rows.append("protocol: " + ", ".join(f"{k}={v}" for k, v in report.protocol.items()))
     rows.append(f"{report.seconds:.1f} s, {report.episodes_per_minute:.1f} episodes/min")
     return "\n".join(rows)
 
@@ -397,7 +456,7 @@ def format_table(report: EvalReport) -> str:
 def write_report(report: EvalReport, results: Sequence[EpisodeResult], out: Path) -> Path:
     """Write ``report.json`` (the report plus every episode) and ``report.txt`` into folder ``out``."""
     out.mkdir(parents=True, exist_ok=True)
-    payload = report.to_json() | {"episodes": [asdict(r) for r in results]}
+    payload = report.to_json() | {"complete": True, "episodes": [asdict(r) for r in results]}
     (out / "report.json").write_text(json.dumps(payload, indent=2) + "\n")
     (out / "report.txt").write_text(format_table(report) + "\n")
     return out / "report.json"
@@ -409,10 +468,11 @@ def write_report(report: EvalReport, results: Sequence[EpisodeResult], out: Path
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="agentenv eval",
-        description="Evaluate a model on the fixed tasks of an environment (default: ALFWorld seen games).",
+        description="Evaluate a model on an environment: its fixed tasks (default: ALFWorld seen games), or a "
+                    "range of seeds for an env without a task list. By default the trainer's held-out protocol: "
+                    "greedy, one sample per task, the env's own turn limit.",
     )
-    p.add_argument("--env", default="alfworld", help="registered environment id (`agentenv envs`); it must "
-                   "declare its tasks (Env.tasks)")
+    p.add_argument("--env", default="alfworld", help="environment id (`agentenv envs`)")
     p.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE",
                    help="a constructor argument of the environment (VALUE read as YAML); repeat for more")
     p.add_argument("--chat-template-kwarg", action="append", default=[], metavar="KEY=VALUE",
@@ -420,7 +480,8 @@ def _parser() -> argparse.ArgumentParser:
                         "for Qwen3's thinking-off mode; repeat for more")
     p.add_argument("--split", default=None, help="shorthand for --env-arg split=SPLIT (ALFWorld: valid_seen, "
                    "140 games, the default; valid_unseen, 134)")
-    p.add_argument("--model", default=None, help="model folder (default: the embedded SmolLM2-135M)")
+    p.add_argument("--model", default=None, help="model folder, e.g. one `agentenv export` wrote (default: the "
+                   "embedded SmolLM2-135M)")
     p.add_argument("--engine", default="transformers", choices=["transformers", "vllm"])
     p.add_argument(
         "--gpu-memory-utilization",
@@ -428,22 +489,58 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="vLLM memory share (default 0.9 GPU, 0.2 CPU)",
     )
-    p.add_argument("--samples-per-game", type=int, default=3, help="K episodes per task (papers: 3)")
+    p.add_argument("--samples-per-game", type=int, default=1, help="K episodes per task (default 1; the ALFWorld "
+                   "papers sample 3 at temperature 1.0)")
     p.add_argument("--limit", type=int, default=None, help="play only the first N tasks")
+    p.add_argument("--seeds", default=None, metavar="A:B", help="seeds A..B-1, one episode each, for an env "
+                   f"without a task list (default {DEFAULT_SEEDS.start}:{DEFAULT_SEEDS.stop}: training plays "
+                   "seeds run.seed*1000003 upwards, so these are not among them)")
     p.add_argument("--concurrency", type=int, default=4, help="episodes played at once")
     p.add_argument("--max-steps", type=int, default=None, help="turns per episode, also passed as the env's own "
                    "max_steps or max_turns argument when its constructor takes one (unless --env-arg sets it); "
                    f"default: the env's own limit, and at most {DEFAULT_MAX_STEPS} turns")
-    p.add_argument("--max-new-tokens", type=int, default=128, help="tokens per reply")
-    p.add_argument("--max-total-tokens", type=int, default=6144, help="tokens per episode after the prompt")
-    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS,
+                   help="tokens per reply (default %(default)s)")
+    p.add_argument("--max-total-tokens", type=int, default=None, help="tokens per episode after the prompt "
+                   "(default: what the model's context holds)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy, as the trainer's held-out "
+                   "evaluation; above 0: sampled")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--data-root", default=None, help="shorthand for --env-arg data_root=PATH (ALFWorld: the "
                    "alfworld data folder, default <data>/alfworld)")
-    p.add_argument("--out", default="runs/eval", help="folder for report.json and report.txt")
+    p.add_argument("--transcripts", type=int, default=10, help="keep the transcript of the first N episodes in "
+                   "report.json (default %(default)s)")
+    p.add_argument("--out", default="runs/eval", help="folder for report.json, report.txt and episodes.jsonl")
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier evaluation in --out (never a "
+                   "folder that is not one)")
+    p.add_argument("--resume", action="store_true", help="continue the evaluation in --out: play only the "
+                   "episodes it has not recorded (the same protocol)")
     p.add_argument("--no-progress", action="store_true")
     return p
+
+
+#: Seeds ``agentenv eval`` plays an env without a task list when ``--seeds`` is not given: disjoint from
+#: training's (a run with ``run.seed = s`` plays seeds from ``s * 1,000,003`` upwards).
+DEFAULT_SEEDS = range(2_000_000_000, 2_000_000_020)
+#: Tokens per reply when ``--max-new-tokens`` is not given.
+DEFAULT_MAX_NEW_TOKENS = 256
+
+
+def parse_seeds(text: str) -> range:
+    """``"A:B"`` -> ``range(A, B)``.
+
+    Raises:
+        ConfigError: Not two integers ``0 <= A < B`` separated by ``:``.
+    """
+    a, colon, b = text.partition(":")
+    try:
+        seeds = range(int(a), int(b))
+    except ValueError:
+        seeds = None
+    if not colon or seeds is None or seeds.start < 0 or not len(seeds):
+        raise ConfigError(f"--seeds {text!r}: expected A:B with 0 <= A < B")
+    return seeds
 
 
 #: Constructor arguments that bound an episode's length; ``--max-steps`` sets the first one an env takes.
@@ -556,61 +653,152 @@ async def env_tasks(env_id: str, kwargs: Mapping[str, Any], *, remedy: str = "`a
     return (lambda: make(env_id, **kwargs)), tasks, split
 
 
-async def _run(args: argparse.Namespace) -> tuple[EvalReport, list[EpisodeResult]]:
+def protocol(args: argparse.Namespace, kwargs: Mapping[str, Any], tasks: str) -> dict[str, Any]:
+    """How ``agentenv eval`` plays its episodes, as written in the report (and compared by ``--resume``)."""
+    sampling = "greedy" if args.temperature <= 0 else f"temperature {args.temperature}, top_p {args.top_p}"
+    return {"sampling": sampling, "samples_per_task": args.samples_per_game, "tasks": tasks,
+            "max_turns": args.max_steps or DEFAULT_MAX_STEPS, "max_new_tokens_per_turn": args.max_new_tokens,
+            "max_total_tokens": args.max_total_tokens or "model context", "seed": args.seed,
+            "env_kwargs": json.loads(json.dumps(dict(kwargs), default=str))}
+
+
+class EpisodeLog:
+    """``--out``'s files while an evaluation runs: ``episodes.jsonl`` gets each episode as it ends.
+
+    ``report.json`` holds the protocol (and so marks the folder as an evaluation's) from the start; the
+    full report replaces it at the end (:func:`write_report`).
+    """
+
+    def __init__(self, out: Path, proto: dict[str, Any], *, resume: bool) -> None:
+        """Open the log; with ``resume`` read the episodes recorded under the same protocol.
+
+        Raises:
+            ConfigError: ``resume`` and the recorded protocol differs (the message names the fields).
+        """
+        self.path, self.done = out / "episodes.jsonl", []
+        report = out / "report.json"
+        if resume and report.is_file():
+            held = json.loads(report.read_text()).get("protocol", {})
+            changed = sorted(k for k in set(held) | set(proto) if held.get(k) != proto.get(k))
+            if changed:
+                diff = "; ".join(f"{k}: {held.get(k)!r} then, {proto.get(k)!r} now" for k in changed)
+                raise ConfigError(f"--resume: {out} was evaluated with another protocol ({diff}); "
+                                  "pass --overwrite to start again")
+            if self.path.is_file():
+                fields = set(EpisodeResult.__dataclass_fields__)
+                self.done = [EpisodeResult(**{k: v for k, v in json.loads(line).items() if k in fields})
+                             for line in self.path.read_text().splitlines() if line.strip()]
+        else:
+            self.path.write_text("")
+            report.write_text(json.dumps({"protocol": proto, "complete": False}, indent=2) + "\n")
+        self._file = self.path.open("a")
+
+    def keys(self) -> set[tuple[str, int]]:
+        """``(game, sample)`` of the episodes already recorded."""
+        return {(r.game, r.sample) for r in self.done}
+
+    def add(self, result: EpisodeResult) -> None:
+        """Append one episode (flushed: a Ctrl-C or a kill loses at most the episodes still running)."""
+        self._file.write(json.dumps(asdict(result)) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        """Close the file."""
+        self._file.close()
+
+
+def all_failed(results: Sequence[EpisodeResult]) -> str | None:
+    """A one-line reason when every episode ended in an error (the evaluation measured nothing), else None."""
+    if not results or any(r.error is None for r in results):
+        return None
+    return f"all {len(results)} episodes failed (the first: {results[0].error})"
+
+
+async def _run(args: argparse.Namespace) -> tuple[EvalReport, list[EpisodeResult], Path]:
+    from agentenv.registration import make
     from agentenv.rollout import RolloutConfig
 
     template_kwargs(args)  # a malformed --chat-template-kwarg fails before anything loads
-    factory, tasks, split = await env_tasks(args.env, env_kwargs(args))
-    jobs = make_jobs(
-        list(zip(tasks.ids, tasks.kinds, strict=True)),
-        samples_per_game=args.samples_per_game,
-        limit=args.limit,
-        seed=args.seed,
-    )
-    cfg = RolloutConfig(
-        max_turns=args.max_steps or DEFAULT_MAX_STEPS,
-        max_new_tokens_per_turn=args.max_new_tokens,
-        max_total_tokens=args.max_total_tokens,
-        temperature=args.temperature,
-        top_p=args.top_p,
-    )
-    engine, renderer = _build_engine(args)
+    kwargs = env_kwargs(args)
+    async with make(args.env, **kwargs) as env:
+        tasks, split = env.tasks(), str(getattr(env, "split", ""))
+    if tasks is not None and len(tasks) and args.seeds is None:
+        jobs = make_jobs(list(zip(tasks.ids, tasks.kinds, strict=True)), samples_per_game=args.samples_per_game,
+                         limit=args.limit, seed=args.seed, transcripts=args.transcripts)
+        shown = f"first {len(jobs) // args.samples_per_game} of {len(tasks)} tasks"
+        kinds = list(dict.fromkeys(tasks.kinds))
+    else:
+        seeds = parse_seeds(args.seeds) if args.seeds else DEFAULT_SEEDS
+        jobs = seed_jobs(seeds, samples_per_game=args.samples_per_game, transcripts=args.transcripts)
+        shown, kinds = f"seeds {seeds.start}:{seeds.stop}", [""]
+    proto = protocol(args, kwargs, shown)
+    out = claim_folder(args.out, EVALUATION, overwrite=args.overwrite, resume=args.resume)  # input checked first
+    log = EpisodeLog(out, proto, resume=args.resume)
+    done = log.keys()
+    todo = [j for j in jobs if (j.game, j.sample) not in done]
+    if done:
+        print(f"agentenv eval: {len(jobs) - len(todo)} of {len(jobs)} episodes recorded before; playing the "
+              f"other {len(todo)}", file=sys.stderr)
     start = time.perf_counter()
     try:
-        results = await run_jobs(
-            jobs,
-            model_agent(engine, renderer, cfg),
-            factory,
-            concurrency=args.concurrency,
-            progress=not args.no_progress,
-        )
+        new: list[EpisodeResult] = []
+        if todo:
+            engine, renderer = _build_engine(args)
+            cfg = RolloutConfig(
+                max_turns=args.max_steps or DEFAULT_MAX_STEPS,
+                max_new_tokens_per_turn=args.max_new_tokens,
+                max_total_tokens=args.max_total_tokens or engine.max_context_tokens,
+                temperature=args.temperature,
+                top_p=args.top_p,
+            )
+            try:
+                new = await run_jobs(todo, model_agent(engine, renderer, cfg), lambda: make(args.env, **kwargs),
+                                     concurrency=args.concurrency, progress=not args.no_progress,
+                                     on_result=log.add)
+            finally:
+                await engine.close()
     finally:
-        await engine.close()
+        log.close()
+    order = {(j.game, j.sample): i for i, j in enumerate(jobs)}
+    results = sorted([*log.done, *new], key=lambda r: order.get((r.game, r.sample), len(order)))
     report = aggregate(
         results,
         env=args.env,
         split=split,
         model=args.model or "SmolLM2-135M (embedded)",
         samples_per_game=args.samples_per_game,
-        task_order=list(dict.fromkeys(tasks.kinds)),  # every kind of the env, in task order
+        task_order=kinds,  # every kind of the env, in task order
         seconds=time.perf_counter() - start,
+        protocol=proto,
     )
-    return report, results
+    return report, results, out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``agentenv eval``: print and write the success-rate report; exit status 0, or 2 on bad input.
+    """``agentenv eval``: print and write the success-rate report; return the exit status.
 
-    Examples: ``agentenv eval --env alfworld --split valid_unseen --model PATH --samples-per-game 3``;
-    ``agentenv eval --env examples/GuessNumber-v0 --env-arg high=20 --samples-per-game 1``.
+    0: the report is written; 1: every episode failed (the report is written too); 2: bad input or a
+    folder that is not an evaluation's; 130: Ctrl-C (the episodes that ended are in ``episodes.jsonl``:
+    ``--resume`` continues).
+
+    Examples: ``agentenv eval --env alfworld --split valid_unseen --model PATH``;
+    ``agentenv eval --env examples/GuessNumber-v0 --env-arg high=20``;
+    ``agentenv eval --env reasoning_gym/gcd --seeds 0:50 --temperature 1.0 --samples-per-game 3``.
     """
     args = _parser().parse_args(argv)
     try:
-        report, results = asyncio.run(_run(args))
+        report, results, out = asyncio.run(_run(args))
     except AgentEnvError as exc:
         print(f"agentenv eval: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"\nagentenv eval: stopped; the episodes that ended are in {Path(args.out) / 'episodes.jsonl'} "
+              "(the same command with --resume plays the rest)", file=sys.stderr)
+        return 130
     print(format_table(report))
-    path = write_report(report, results, Path(args.out))
+    path = write_report(report, results, out)
     print(f"report written to {path}")
+    if (failed := all_failed(results)) is not None:
+        print(f"agentenv eval: {failed}", file=sys.stderr)
+        return 1
     return 0

@@ -61,8 +61,8 @@ class CharRenderer:
     def observation_tokens(self, role, content):
         return [ord(c) % 256 for c in f"{role[0].upper()}:{content}\nA:"]
 
-    def decode(self, ids):
-        return "".join(chr(i) for i in ids if i != EOT)
+    def decode(self, ids, *, keep_special=False):
+        return "".join(chr(i) if i != EOT else "<EOT>" for i in ids if keep_special or i != EOT)
 
 
 class ScriptedEngine:

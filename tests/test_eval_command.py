@@ -1,0 +1,132 @@
+"""``agentenv eval`` as a user runs it: the held-out protocol by default, reports that keep each episode as it
+ends (``--resume``), seeds for an env without a task list, exit statuses, and a folder it may not replace."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import agentenv
+from agentenv import evaluation
+from agentenv.errors import EngineError
+from agentenv.evaluation import main
+from agentenv.registration import EnvSpec
+from tests.fakes import CharRenderer, ScriptedEngine
+
+
+class CountingEngine(ScriptedEngine):
+    """A scripted engine that records the sampling temperature of each request."""
+
+    def __init__(self, replies, **kw):
+        super().__init__(replies, **kw)
+        self.temperatures = []
+
+    async def generate(self, prompt_ids, params):
+        self.temperatures.append(params.temperature)
+        return await super().generate(prompt_ids, params)
+
+
+def use_engine(monkeypatch, engine):
+    monkeypatch.setattr(evaluation, "_build_engine", lambda args: (engine, CharRenderer()))
+
+
+def test_the_default_protocol_is_the_held_out_one_and_the_report_states_it(guess_number, monkeypatch, tmp_path,
+                                                                         capsys):
+    engine = CountingEngine(["1"])  # GuessNumber(high=3): "1" wins secret-1 at once, never the others
+    use_engine(monkeypatch, engine)
+    out = tmp_path / "eval"
+    assert main(["--env", guess_number, "--env-arg", "high=3", "--no-progress", "--out", str(out),
+                 "--transcripts", "2"]) == 0
+    report = json.loads((out / "report.json").read_text())
+    proto = report["protocol"]
+    assert (proto["sampling"], proto["samples_per_task"], proto["tasks"]) == ("greedy", 1, "first 3 of 3 tasks")
+    assert proto["max_new_tokens_per_turn"] == 256 and proto["max_total_tokens"] == "model context"
+    assert set(engine.temperatures) == {0.0} and report["complete"] is True
+    episodes = report["episodes"]
+    assert [e["game"] for e in episodes] == ["secret-1", "secret-2", "secret-3"]  # one sample each
+    assert [e["transcript"] is not None for e in episodes] == [True, True, False]  # the first 2 only
+    assert episodes[0]["transcript"].startswith("U:") and "A:1<EOT>" in episodes[0]["transcript"]
+    assert report["overall"]["endings"] == {"truncated": 2, "won": 1}
+    lines = (out / "episodes.jsonl").read_text().splitlines()
+    assert sorted(json.loads(x)["game"] for x in lines) == ["secret-1", "secret-2", "secret-3"]
+    table = capsys.readouterr().out
+    assert "episodes ended: 2 truncated, 1 won" in table and "sampling=greedy" in table
+
+
+def test_resume_plays_only_what_was_not_recorded(guess_number, monkeypatch, tmp_path, capsys):
+    out = tmp_path / "eval"
+    argv = ["--env", guess_number, "--env-arg", "high=3", "--no-progress", "--out", str(out)]
+    use_engine(monkeypatch, ScriptedEngine(["1"]))
+    assert main(argv) == 0
+    # as if killed after the first episode: its line is all the folder keeps of the run
+    first = (out / "episodes.jsonl").read_text().splitlines()[0]
+    (out / "episodes.jsonl").write_text(first + "\n")
+    proto = json.loads((out / "report.json").read_text())["protocol"]
+    (out / "report.json").write_text(json.dumps({"protocol": proto, "complete": False}))
+    assert main(argv) == 2  # the folder holds an evaluation: neither replaced nor continued unasked
+    assert "pass --overwrite to replace it or --resume to continue it" in capsys.readouterr().err
+    assert main([*argv, "--resume", "--temperature", "1.0"]) == 2
+    assert "another protocol (sampling: 'greedy' then, 'temperature 1.0, top_p 1.0' now)" in capsys.readouterr().err
+    engine = CountingEngine(["1"])
+    use_engine(monkeypatch, engine)
+    assert main([*argv, "--resume"]) == 0
+    assert "1 of 3 episodes recorded before; playing the other 2" in capsys.readouterr().err
+    report = json.loads((out / "report.json").read_text())
+    assert [e["game"] for e in report["episodes"]] == ["secret-1", "secret-2", "secret-3"]
+    assert report["overall"]["episodes"] == 3 and len((out / "episodes.jsonl").read_text().splitlines()) == 3
+    played_now = len(engine.temperatures)
+    assert played_now == 14  # secrets 2 and 3 never guessed: 7 turns each (GuessNumber's own max_turns)
+
+
+def test_an_env_without_a_task_list_is_played_over_seeds(monkeypatch, tmp_path):
+    repeat = EnvSpec("tests/Repeat-v0", "tests.tiny_env:RepeatNumberEnv")
+    monkeypatch.setitem(agentenv.registry, "tests/Repeat-v0", repeat)
+    seen = []
+    from tests.tiny_env import RepeatNumberEnv
+
+    async def reset(self, *, seed=None, options=None):
+        seen.append((seed, options))
+        return await original(self, seed=seed, options=options)
+
+    original = RepeatNumberEnv.reset
+    monkeypatch.setattr(RepeatNumberEnv, "reset", reset)
+    use_engine(monkeypatch, ScriptedEngine(["7"]))
+    out = tmp_path / "eval"
+    assert main(["--env", "tests/Repeat-v0", "--seeds", "5:8", "--no-progress", "--out", str(out)]) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["protocol"]["tasks"] == "seeds 5:8"
+    assert sorted(e["game"] for e in report["episodes"]) == ["seed-5", "seed-6", "seed-7"]
+    assert sorted(s for s, _ in seen if s is not None) == [5, 6, 7] and all(o is None for _, o in seen)
+    assert evaluation.DEFAULT_SEEDS.start >= 2_000_000_000  # training with run.seed < 1,999 never plays these
+    assert main(["--env", "tests/Repeat-v0", "--seeds", "8:5", "--out", str(tmp_path / "x")]) == 2
+
+
+def test_every_episode_failing_exits_1_with_the_reason(guess_number, monkeypatch, tmp_path, capsys):
+    class Broken(ScriptedEngine):
+        async def generate(self, prompt_ids, params):
+            raise EngineError("CUDA out of memory")
+
+    use_engine(monkeypatch, Broken(["1"]))
+    out = tmp_path / "eval"
+    assert main(["--env", guess_number, "--env-arg", "high=3", "--no-progress", "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "agentenv eval: all 3 episodes failed (the first: EngineError: CUDA out of memory)" in err
+    assert json.loads((out / "report.json").read_text())["overall"]["errors"] == 3
+
+
+@pytest.mark.parametrize("extra", [[], ["--overwrite"], ["--resume"]])
+def test_a_folder_of_user_files_is_never_written_or_deleted(guess_number, monkeypatch, tmp_path, capsys, extra):
+    use_engine(monkeypatch, ScriptedEngine(["1"]))
+    mine = tmp_path / "thesis"
+    mine.mkdir()
+    (mine / "thesis.tex").write_text("chapter one")
+    assert main(["--env", guess_number, "--env-arg", "high=3", "--no-progress", "--out", str(mine), *extra]) == 2
+    assert "is not an agentenv evaluation folder" in capsys.readouterr().err
+    assert [p.name for p in mine.iterdir()] == ["thesis.tex"] and (mine / "thesis.tex").read_text() == "chapter one"
+
+
+def test_bad_input_writes_no_folder(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["--split", "valid_train", "--no-progress"]) == 2
+    assert not (tmp_path / "runs").exists()
