@@ -1,7 +1,8 @@
 """Folders agentenv commands write: which ones ``--overwrite`` may delete, and the check before each write.
 
-A command that writes a folder (``train --run-dir``, ``eval --out``, ``compare --out``, ``export --out``)
-claims it with :func:`claim_folder`. A missing or empty folder is created; a folder that holds files
+A command that writes a folder (``train --run-dir``, ``eval --out``, ``export --out``) claims it with
+:func:`claim_folder`; one that writes a folder of such folders (``compare --out``) checks it with
+:func:`claim_parent` and claims each folder inside. A missing or empty folder is created; a folder that holds files
 is replaced (``overwrite``) or continued (``resume``) only when it is one this kind of command wrote,
 recognised by its *sign*: a JSON file the command writes, holding an object with a known key (a
 training run: ``run.json`` with ``run_id``; an evaluation: ``report.json`` with ``protocol`` or
@@ -49,8 +50,6 @@ RUN = FolderKind("training run", "run.json", ("run_id",), "--run-dir")
 """A folder of ``agentenv train`` (its ``run.json`` holds the run id)."""
 EVALUATION = FolderKind("evaluation", "report.json", ("protocol", "overall"), "--out")
 """A folder of ``agentenv eval`` (its ``report.json``)."""
-COMPARISON = FolderKind("comparison", "compare.json", ("settings",), "--out")
-"""A folder of ``agentenv compare`` (its ``compare.json``)."""
 EXPORT = FolderKind("exported model", "agentenv_export.json", ("run", "version"), "--out")
 """A folder of ``agentenv export`` (its ``agentenv_export.json``)."""
 
@@ -102,4 +101,26 @@ def claim_folder(folder: str | Path, kind: FolderKind, *, overwrite: bool = Fals
         raise RunFolderError(f"{kind.flag} {path}: not deleted, {why}; choose another folder")
     shutil.rmtree(path)
     path.mkdir(parents=True)
+    return path
+
+
+def claim_parent(folder: str | Path, names: set[str], what: str, *, flag: str = "--out") -> Path:
+    """Make ``folder`` ready for a command that writes only ``names`` into it; return it (created when missing).
+
+    Each entry it writes (a run folder) is claimed on its own with :func:`claim_folder`; this check
+    refuses a folder that holds anything else, so that nothing the command writes lands among the
+    user's files.
+
+    Raises:
+        RunFolderError: ``folder`` is a file, or holds an entry not in ``names`` (listed in the message).
+    """
+    path = Path(folder)
+    if path.exists() and not path.is_dir():
+        raise RunFolderError(f"{flag} {path} is a file, not a folder")
+    foreign = sorted(p.name for p in path.iterdir() if p.name not in names) if path.is_dir() else []
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
+        raise RunFolderError(f"{flag} {path} holds files that are not {what}'s ({shown}); nothing was written or "
+                             "deleted: choose a new or empty folder")
+    path.mkdir(parents=True, exist_ok=True)
     return path

@@ -22,6 +22,7 @@ from typing import Any
 
 from agentenv.configio import apply_overrides, load_config, read_yaml
 from agentenv.errors import AgentEnvError
+from agentenv.output_folders import claim_parent
 from agentenv.trainer.config import TrainConfig
 from agentenv.trainer.plots import read_jsonl
 from agentenv.trainer.recipe import prepare_run_dir, resolve_recipe
@@ -101,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     rows, status = [], 0
     chosen = [s for s in SETTINGS if not args.only or s[0] in args.only]
     try:
+        claim_parent(out, {s[0] for s in SETTINGS} | {"compare.md", "compare.json"}, "a comparison")
         base = apply_overrides(read_yaml(resolve_recipe(args.recipe)), ["eval.problems=0", *args.overrides])
         for i, (name, mode, policy) in enumerate(chosen):
             data = apply_overrides(base, [f"run.mode={mode}", f"staleness.policy={policy}",

@@ -87,3 +87,21 @@ def test_compare_trains_each_setting_in_a_child_and_keeps_the_finished_rows_afte
     assert [s[0] for s in seen] == ["sync", "async-none"]
     assert [r["setting"] for r in json.loads((tmp_path / "c" / "compare.json").read_text())] == ["sync"]
     assert "agentenv compare: async-none: the run's process was killed by SIGKILL" in capsys.readouterr().err
+
+
+def test_compare_never_writes_among_or_deletes_user_files(tmp_path, capsys):
+    from agentenv.trainer.compare import main
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "thesis.tex").write_text("chapter one")
+    assert main(["--out", str(mine), "--updates", "1", "--overwrite"]) == 2
+    assert "holds files that are not a comparison's (thesis.tex)" in capsys.readouterr().err
+    assert [p.name for p in mine.iterdir()] == ["thesis.tex"]
+    # a folder named like a setting, holding the user's files, is not a run folder: --overwrite keeps it
+    (tmp_path / "out" / "sync").mkdir(parents=True)
+    (tmp_path / "out" / "sync" / "notes.txt").write_text("mine")
+    assert main(["--out", str(tmp_path / "out"), "--updates", "1", "--overwrite", "--only", "sync"]) == 2
+    assert "not an agentenv training run folder" in capsys.readouterr().err
+    assert (tmp_path / "out" / "sync" / "notes.txt").read_text() == "mine"
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["sync"]
