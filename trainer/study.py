@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shutil
 import statistics
 import sys
 import time
@@ -260,11 +261,11 @@ def _start_setting(cfg: TrainConfig, run_dir: Path, share_in: Path | None, *, lo
     the same policy (:func:`~agentenv.trainer.study_share.has_before`). Else, with ``share_in``, copy
     the "before" evaluation of a run under it that starts from the same policy (marked ``shared_from``).
     """
-    from agentenv.trainer.recipe import prepare_run_dir
-
     own = run_dir / "eval_before.json"  # a setting started again keeps its own if it measured this policy
     kept = own.read_text() if has_before(run_dir, before_key(cfg)) else None
-    prepare_run_dir(cfg, resume=False, overwrite=True)
+    if run_dir.exists():  # a setting folder inside a checked study folder (check_folder): the study's own
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True)
     if kept is not None:
         own.write_text(kept)
         return

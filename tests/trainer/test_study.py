@@ -441,3 +441,18 @@ def test_a_setting_s_process_is_told_how_to_continue_and_a_stop_ends_the_study(t
     assert result["interrupted"] and result["rows"] == []
     assert seen == [("full_baseline", False, None, "[study signed_feedback] 1/2 full_baseline",
                      "run the same command with --resume")]
+
+
+def test_a_setting_started_again_replaces_its_own_folder_whatever_it_holds(tmp_path):
+    """A setting folder whose run stopped before train wrote run.json (only a copied evaluation in it) is the
+    study's own: starting the setting again empties it, where train's --overwrite would refuse it."""
+    from agentenv.trainer.study import _start_setting
+
+    study = STUDIES["one_vs_group"]
+    setting, cfg = setting_configs(study, tmp_path, quick=False)[0]
+    run_dir = tmp_path / setting.name
+    run_dir.mkdir()
+    (run_dir / "eval_before.json").write_text(json.dumps({"success_rate": 0.5, "key": "another policy"}))
+    (run_dir / "metrics.jsonl").write_text("{}\n")
+    _start_setting(cfg, run_dir, None, log=lambda m: None, head="")
+    assert run_dir.is_dir() and list(run_dir.iterdir()) == []
