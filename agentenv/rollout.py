@@ -64,14 +64,19 @@ class RolloutConfig:
         top_k: Keep only the k most likely tokens before top-p (k >= 1); None or 0 is off (the
             default); a negative value raises ``ConfigError``.
         episode_deadline_s: Wall-clock budget of a whole episode (seconds: reset, generation and
-            environment steps); None is no deadline. An episode past it is a *straggler*.
+            environment steps); None (the default) takes the environment's declared
+            ``episode_deadline_s`` (every shipped env declares one; an env without it has none).
+            An episode past it is a *straggler*.
         turn_deadline_s: Wall-clock budget of one assistant turn's generation (seconds); None is
             none. A turn past it is cancelled in the engine (its partial tokens are dropped).
-        on_deadline: What a straggler becomes. ``"truncate"`` (default): the episode ends where it
-            is, keeping the turns it finished and the reward it has (``info["truncation"] =
-            "deadline"``); ``"requeue"``: the episode fails (status ``"error"``), so the collector
-            replays its task (a bounded number of times) and it never enters a batch. Either way
-            ``info["straggler"]`` names what ran out (``"turn"``, ``"episode"``).
+        on_deadline: What a straggler becomes when the deadline passed during generation.
+            ``"truncate"`` (default): the episode ends where it is, keeping the turns it finished
+            and the reward it has (``info["truncation"] = "deadline"``); ``"requeue"``: the episode
+            fails (status ``"error"``), so the collector replays its task (a bounded number of
+            times) and it never enters a batch. A deadline that passes inside ``env.reset`` or
+            ``env.step`` (the environment stalled) always requeues: it is never scored. Either way
+            ``info["straggler"]`` names what ran out (``"turn"``, ``"episode"``) and
+            ``info["deadline_in"]`` where (``"env"``, ``"generation"``).
         on_prefix_violation: What happens when the chat template does not render the real history
             as the model conditioned on it (``agentenv.chat``; Qwen3 drops earlier ``<think>``
             blocks): ``"append"`` (default) keeps the conditioned ids and appends the observation
@@ -154,29 +159,48 @@ _T = TypeVar("_T")
 
 
 class _DeadlineHit(Exception):
-    """A turn or the episode ran past its wall-clock deadline (``what``: ``"turn"`` or ``"episode"``)."""
+    """A turn or the episode ran past its wall-clock deadline.
 
-    def __init__(self, what: str, seconds: float) -> None:
-        super().__init__(f"{what} deadline of {seconds:g} s passed")
+    ``what``: ``"turn"`` or ``"episode"``; ``inside``: where it passed, ``"env"`` (in ``env.reset``
+    or ``env.step``: the environment stalled) or ``"generation"``.
+    """
+
+    def __init__(self, what: str, seconds: float, inside: str) -> None:
+        super().__init__(f"{what} deadline of {seconds:g} s passed in {inside}")
         self.what = what
+        self.inside = inside
+
+
+def episode_deadline(cfg: RolloutConfig, env: Any) -> float | None:
+    """The episode's deadline in seconds: ``cfg.episode_deadline_s``, else the env's declared one.
+
+    An environment declares its default as an ``episode_deadline_s`` attribute (seconds, a stated
+    multiple of its expected episode time; the shipped ones all do); None: no deadline.
+    """
+    if cfg.episode_deadline_s is not None:
+        return cfg.episode_deadline_s
+    return getattr(env, "episode_deadline_s", None)
 
 
 class _Clock:
-    """The deadlines of one episode (monotonic seconds)."""
+    """The deadlines of one episode: ``episode_s`` (:func:`episode_deadline`), ``cfg.turn_deadline_s``."""
 
-    def __init__(self, cfg: RolloutConfig) -> None:
+    def __init__(self, cfg: RolloutConfig, episode_s: float | None) -> None:
         self.cfg = cfg
-        self.end = None if cfg.episode_deadline_s is None else time.monotonic() + cfg.episode_deadline_s
+        self.episode_s = episode_s
+        self.end = None if episode_s is None else time.monotonic() + episode_s
 
     async def within(self, call: Awaitable[_T], *, turn: bool = False) -> _T:
         """Await ``call`` until the episode's (and for a turn, the turn's) deadline; cancel it after.
+
+        ``turn``: ``call`` generates an assistant turn; else it is an environment call (reset, step).
 
         Raises:
             _DeadlineHit: The deadline passed first (``call`` was cancelled).
         """
         limits = []
         if self.end is not None:
-            limits.append((self.end - time.monotonic(), "episode", self.cfg.episode_deadline_s))
+            limits.append((self.end - time.monotonic(), "episode", self.episode_s))
         if turn and self.cfg.turn_deadline_s is not None:
             limits.append((self.cfg.turn_deadline_s, "turn", self.cfg.turn_deadline_s))
         if not limits:
@@ -185,7 +209,7 @@ class _Clock:
         try:
             return await asyncio.wait_for(call, timeout=max(left, 0.0))
         except TimeoutError:
-            raise _DeadlineHit(what, seconds) from None
+            raise _DeadlineHit(what, seconds, "generation" if turn else "env") from None
 
 
 def _append_output(traj: Trajectory, out: GenerationOutput) -> None:
@@ -288,7 +312,7 @@ async def run_episode_samples(
     traj = Trajectory(start_version=current_version(), start_time=time.time())
     info: dict[str, Any] = {"turns": 0, "truncation": None, "turn_endings": [], "prefix_violations": 0}
     cut_turn = getattr(env, "cut_turn", "end")
-    clock = _Clock(cfg)
+    clock = _Clock(cfg, episode_deadline(cfg, env))
     samples: list[Trajectory] = []  # earlier samples of a split episode
     conv = None
     reward = 0.0
@@ -378,11 +402,13 @@ async def run_episode_samples(
                 break
             traj.append_environment_tokens(obs_ids)
     except _DeadlineHit as exc:
-        info["truncation"], info["straggler"] = "deadline", exc.what
-        if cfg.on_deadline == "requeue":
+        info["truncation"], info["straggler"], info["deadline_in"] = "deadline", exc.what, exc.inside
+        # a stalled environment is never scored: its episode fails and the collector replays the task
+        if cfg.on_deadline == "requeue" or exc.inside == "env":
             traj.status = "error"
             info["error"] = f"straggler: {exc}"
-        logger.info("episode %s: %s (%s)", traj.id, exc, cfg.on_deadline)
+        handling = "requeue" if traj.status == "error" else cfg.on_deadline
+        logger.info("episode %s: %s (%s)", traj.id, exc, handling)
     except (EngineError, TemplateError) as exc:
         traj.status = "error"
         info["error"] = f"{type(exc).__name__}: {exc}"

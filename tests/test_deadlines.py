@@ -9,7 +9,7 @@ import pytest
 
 from agentenv.collector import RolloutCollector
 from agentenv.errors import ConfigError
-from agentenv.rollout import RolloutConfig, run_episode
+from agentenv.rollout import RolloutConfig, episode_deadline, run_episode
 from tests.fakes import CharRenderer, CountdownEnv, ScriptedEngine
 
 
@@ -82,6 +82,74 @@ async def test_collector_counts_stragglers_and_replays_requeued_tasks():
     counts = collector.report_counts()
     assert counts["stragglers"] == 1 and counts["retried"] == 1 and counts["stragglers_total"] == 1
     await collector.close()
+
+
+class StuckEnvDeclaringADeadline(SlowStepEnv):
+    """An environment whose steps stall (``delay`` seconds) and that declares a 0.3 s episode deadline."""
+
+    episode_deadline_s = 0.3
+
+
+async def test_an_environment_that_stalls_is_requeued_never_scored_under_the_default_on_deadline():
+    cfg = RolloutConfig(episode_deadline_s=0.3)  # on_deadline: "truncate", the default
+    assert cfg.on_deadline == "truncate"
+    traj = await asyncio.wait_for(
+        run_episode(SlowStepEnv(delay=30.0), ScriptedEngine(["hm"]), CharRenderer(), cfg, seed=2), timeout=5)
+    assert traj.status == "error" and traj.info["deadline_in"] == "env" and traj.info["straggler"] == "episode"
+    assert traj.info["error"] == "straggler: episode deadline of 0.3 s passed in env"
+
+
+async def test_a_stall_in_generation_is_still_truncated_and_keeps_its_reward():
+    engine = SlowTurnEngine(["hm", "done"], slow_on=1, delay=30.0)
+    traj = await asyncio.wait_for(
+        run_episode(CountdownEnv(), engine, CharRenderer(), RolloutConfig(episode_deadline_s=0.3), seed=1), timeout=5)
+    assert traj.status == "completed" and traj.info["deadline_in"] == "generation"
+    assert traj.info["truncation"] == "deadline" and traj.num_policy_tokens == 3 and engine.cancelled == 1
+
+
+async def test_the_environments_declared_deadline_applies_unless_the_config_sets_one():
+    t0 = time.monotonic()
+    traj = await asyncio.wait_for(run_episode(StuckEnvDeclaringADeadline(delay=30.0), ScriptedEngine(["hm"]),
+                                              CharRenderer(), RolloutConfig(), seed=2), timeout=5)
+    assert 0.3 <= time.monotonic() - t0 < 5.0
+    assert traj.status == "error" and traj.info["error"] == "straggler: episode deadline of 0.3 s passed in env"
+    # the config's deadline wins over the env's: a step of 0.5 s fits in 30 s
+    traj = await run_episode(StuckEnvDeclaringADeadline(delay=0.5), ScriptedEngine(["done"]), CharRenderer(),
+                             RolloutConfig(episode_deadline_s=30.0), seed=2)
+    assert traj.status == "completed" and traj.reward == 1.0 and "straggler" not in traj.info
+    assert episode_deadline(RolloutConfig(), StuckEnvDeclaringADeadline(0.0)) == 0.3
+    assert episode_deadline(RolloutConfig(episode_deadline_s=7.0), StuckEnvDeclaringADeadline(0.0)) == 7.0
+    assert episode_deadline(RolloutConfig(), CountdownEnv()) is None
+
+
+async def test_collector_replays_a_stalled_environments_task_and_delivers_only_scored_episodes():
+    """The first attempt's env stalls (requeued); the replay's env answers: every task arrives, rewarded."""
+    got, made = [], []
+
+    def factory():
+        made.append(1)
+        return StuckEnvDeclaringADeadline(delay=30.0 if len(made) == 1 else 0.0)
+
+    collector = RolloutCollector(factory, ScriptedEngine(["done"]), CharRenderer(), RolloutConfig(), got.append,
+                                 concurrency=1, max_retries=2)
+    trajs = await asyncio.wait_for(collector.collect(2), timeout=20)
+    assert len(trajs) == 2 and all(t.reward == 1.0 and t.status == "completed" for t in trajs)
+    counts = collector.report_counts()
+    assert counts["stragglers"] == 1 and counts["failed"] == 1 and counts["retried"] == 1
+    await collector.close()
+
+
+def test_shipped_environments_declare_ten_times_their_expected_episode_time():
+    from agentenv.envs.alfworld.env import AlfWorldEnv
+    from agentenv.envs.python_tool import PythonToolEnv
+    from agentenv.envs.python_tool.datasets import MathProblem
+
+    problems = [MathProblem("t/0", "1+1?", "2", "t")]
+    assert PythonToolEnv(problems=problems).episode_deadline_s == 10 * (4 * 15.0 + 5.0)
+    assert PythonToolEnv(problems=problems, max_turns=2, grade_timeout_s=3.0).episode_deadline_s == 10 * (2 * 15 + 3)
+    pytest.importorskip("alfworld")  # an AlfWorldEnv is built only with the alfworld packages installed
+    assert AlfWorldEnv(games=[]).episode_deadline_s == 10 * (2.0 + 50 * 5.0)
+    assert AlfWorldEnv(games=[], max_steps=4).episode_deadline_s == 10 * (2.0 + 4 * 5.0)
 
 
 @pytest.mark.parametrize("bad", [{"episode_deadline_s": 0}, {"turn_deadline_s": -1.0},

@@ -20,7 +20,7 @@ import importlib.util
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from agentenv.core import Env, StepResult, TaskSet
 from agentenv.envs.alfworld.commands import parse_command
@@ -114,6 +114,10 @@ class AlfWorldEnv(Env[str, str]):
 
     system_prompt = SYSTEM_PROMPT
     cut_turn = "act"  # a reply cut by the token budget is still tried as a command: games are played out
+    #: Expected seconds of a reset (a game loaded; measured about 1.5 s) and of one command turn (a
+    #: short reply generated on a CPU engine and the game's step): the units of the episode deadline.
+    expected_reset_s: ClassVar[float] = 2.0
+    expected_turn_s: ClassVar[float] = 5.0
 
     def __init__(
         self,
@@ -151,6 +155,16 @@ class AlfWorldEnv(Env[str, str]):
         if self._games is None:
             self._games = await self._call(cached_games, self.split, self.data_root)
         return self._games
+
+    @property
+    def episode_deadline_s(self) -> float:
+        """The default episode deadline (seconds): 10x the expected episode time.
+
+        Expected: :attr:`expected_reset_s` + ``max_steps`` x :attr:`expected_turn_s` (252 s for the
+        papers' 50 commands; the deadline 2520 s). ``rollout.episode_deadline_s`` overrides it
+        (:func:`agentenv.rollout.episode_deadline`).
+        """
+        return 10 * (self.expected_reset_s + self.max_steps * self.expected_turn_s)
 
     def tasks(self) -> TaskSet:
         """The games in order: ids ``"<split>/<game name>"`` (as ``info["task_id"]``), kinds the task types.

@@ -84,6 +84,9 @@ class PythonToolEnv(Env[str, str]):
     observation_space = UnicodeText(1 << 17)
     action_space = UnicodeText(1 << 16)
     demonstrations_tag: ClassVar[str | None] = ""  # keeps the cache key warm-ups had before the hook existed
+    #: Expected seconds of one turn (a reply generated on a CPU engine and its tool call): the unit
+    #: of the episode deadline.
+    expected_turn_s: ClassVar[float] = 15.0
 
     def __init__(
         self,
@@ -140,6 +143,16 @@ class PythonToolEnv(Env[str, str]):
         self._problem: MathProblem | None = None
         self._done = True
         self._stats: dict[str, Any] = {}
+
+    @property
+    def episode_deadline_s(self) -> float:
+        """The default episode deadline (seconds): 10x the expected episode time.
+
+        Expected: ``max_turns`` x :attr:`expected_turn_s` + ``grade_timeout_s`` (65 s with the
+        defaults; the deadline 650 s). ``rollout.episode_deadline_s`` overrides it
+        (:func:`agentenv.rollout.episode_deadline`).
+        """
+        return 10 * (self.max_turns * self.expected_turn_s + self.grade_timeout_s)
 
     def tasks(self) -> TaskSet:
         """The problems in order: ids are problem ids, kinds their family or subject (:func:`problem_kind`)."""
