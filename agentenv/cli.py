@@ -14,6 +14,7 @@ from agentenv.malloc import return_freed_memory_to_os
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("agentenv.trainer.recipe:main", "train a model with asynchronous RL (FlashREINFORCE + PACE)"),
     "eval": ("agentenv.evaluation:main", "evaluate a model on an environment (e.g. ALFWorld seen/unseen)"),
+    "export": ("agentenv.trainer.export:main", "write a run's checkpoint as a Hugging Face model folder"),
     "compare": ("agentenv.trainer.compare:main", "run one recipe in sync and async modes; print a table"),
     "study": ("agentenv.trainer.study:main", "rerun one of the papers' claims at small scale: table and plots"),
     "envs": ("agentenv.registration_cli:list_envs_main", "list the registered environments"),
