@@ -6,7 +6,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-DOCS = Path(__file__).resolve().parents[2] / "docs"
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = ROOT / "docs"
 
 _FENCE = re.compile(r'^```(\w+)(?:[ \t]+title="([^"]+)")?[ \t]*\n(.*?)^```[ \t]*$', re.S | re.M)
 
@@ -20,7 +21,7 @@ class Block:
     code: str
 
 
-def code_blocks(page: str) -> list[Block]:
-    """The fenced blocks of ``docs/<page>``, in the order they appear."""
-    text = (DOCS / page).read_text()
+def code_blocks(page: str | Path) -> list[Block]:
+    """The fenced blocks of ``docs/<page>`` (or of the file ``page`` when it is a path), in order."""
+    text = (page if isinstance(page, Path) else DOCS / page).read_text()
     return [Block(lang, title or None, code) for lang, title, code in _FENCE.findall(text)]

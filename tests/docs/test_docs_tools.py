@@ -1,4 +1,4 @@
-"""The docs build's two helpers (docs/_ext): the package tree for Griffe, and the Sphinx-role check."""
+"""The docs build's two extensions (docs/_ext): the package tree for Griffe, and the Sphinx-role check."""
 
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ from pkg.b import Other
 
 
 class Thing:
-    """A thing; made by :func:`~pkg.a.helper`, compared with :class:`Other` and :func:`torch.where`."""
+    """A thing; made by :func:`~pkg.a.maker`, compared with :class:`Other` and :func:`torch.where`."""
 
     def run(self):
         """Run; then :meth:`stop` and :func:`gone`."""
@@ -64,7 +64,7 @@ class Thing:
         """Stop."""
 
 
-def helper():
+def maker():
     """Make a :class:`Thing`; see :func:`_private` and :data:`LIMIT`."""
 
 
@@ -90,10 +90,10 @@ def test_roles_become_links_code_or_a_warning(package, caplog):
     a = pkg["a"]
     assert a.docstring.value == "Module a: see [`run`][pkg.a.Thing.run]."
     assert a["Thing"].docstring.value == (
-        "A thing; made by [`helper`][pkg.a.helper], compared with `Other` and `torch.where`."
+        "A thing; made by [`maker`][pkg.a.maker], compared with `Other` and `torch.where`."
     )
     assert a["Thing.run"].docstring.value == "Run; then [`stop`][pkg.a.Thing.stop] and `gone`."
-    assert a["helper"].docstring.value == "Make a [`Thing`][pkg.a.Thing]; see `_private` and `LIMIT`."
+    assert a["maker"].docstring.value == "Make a [`Thing`][pkg.a.Thing]; see `_private` and `LIMIT`."
     assert pkg["b"].docstring.value == "Module b: names :func:`nothing_here`, unchecked."
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert warnings == ["pkg.a.Thing.run: the docstring names `gone`, which does not exist"]
