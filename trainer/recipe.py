@@ -458,6 +458,7 @@ async def next_batch(pool: TrajectoryPool, learner: Any, cfg: TrainConfig, stop:
     """
     scoring = cfg.staleness.policy == "pace" and cfg.staleness.drift_mode == "scoring"
     scores = OffLoopScores(learner, learner_clock) if scoring else None
+    watch = collector.no_update_watch()  # warns when the wait passes collector.no_update_warning_s
     while not stop.is_set():
         if collector.failure_streak >= failure_limit(cfg.run.concurrency):
             raise AgentEnvError(f"the last {collector.failure_streak} episodes all failed; "
@@ -470,6 +471,7 @@ async def next_batch(pool: TrajectoryPool, learner: Any, cfg: TrainConfig, stop:
             on_decision(selection)
             if selection.batch:
                 return selection
+        watch.check(f"{len(pool)} of {cfg.run.batch_size} trajectories in the pool")
         await asyncio.sleep(0.05)
     return None
 
