@@ -278,6 +278,8 @@ def update_metrics(version: int, selection: Any, stats: Any, pool: Any, collecto
     # the share of the batch a token budget ended (per turn, total or context; info["truncation"])
     row["length/truncated"] = sum(is_token_budget_cut(t) for t in batch) / len(batch)
     row["tools/calls"] = sum(t.info.get("tool_calls", 0) or 0 for t in batch) / len(batch)
+    # answers too expensive to verify, graded wrong (docs/grading.md, "Timeouts"; info["grading_timeout"])
+    row["grading/timeouts"] = sum(bool(t.info.get("grading_timeout")) for t in batch)
     # turns whose observation the chat template could not render as an exact continuation
     row["chat/prefix_violations"] = sum(t.info.get("prefix_violations", 0) for t in batch)
     # agent programs (agentenv.agents) whose rewritten history broke the token prefix: new samples

@@ -32,3 +32,12 @@ def test_the_truncated_share_counts_token_budget_endings_only():
         "max_total_tokens", "max_new_tokens_per_turn", "env", None]
     batch[2].info["truncation"] = "context"  # the context window is a token budget too
     assert _row(batch)["length/truncated"] == 0.75
+
+
+def test_grading_timeouts_count_the_answers_graded_wrong_for_a_timeout():
+    batch = make_trajectories(4)
+    assert _row(batch)["grading/timeouts"] == 0
+    batch[0].info.update(grading_timeout=True, grade_reason="timeout after 5 s")
+    batch[3].info.update(grading_timeout=True, grade_reason="timeout after 5 s")
+    batch[1].info.update(grading_timeout=False, grade_reason="wrong")
+    assert _row(batch)["grading/timeouts"] == 2
