@@ -109,8 +109,8 @@ class SelectionDecision:
     Per-candidate arrays cover the selected (``sel_*``, batch order) and rejected (``rej_*``, rejection
     order) candidates only; all staleness values in policy versions. ``f`` is NaN (``None`` in the
     record) where no drift was computed, ``w`` and ``s_eff`` NaN where not used by the policy. Under
-    ``none``/``max_lag`` ``w`` is 1 and ``s_eff`` is the quantity compared with the cap (``S`` or the
-    max token lag).
+    ``none``/``max_lag`` ``w`` is 1 and ``s_eff`` is the quantity compared with the cap (the oldest
+    token's lag, or ``S`` under ``max_lag_measure="mean"``).
     """
 
     step: int

@@ -31,7 +31,7 @@ from agentenv.errors import ConfigError, DataError
 
 POLICIES = ("sync", "none", "max_lag", "pace")
 DRIFT_MODES = ("scoring", "token_share")
-LAG_MEASURES = ("mean", "max")
+LAG_MEASURES = ("oldest", "mean")
 
 
 @dataclass(frozen=True)
@@ -44,9 +44,15 @@ class StalenessConfig:
     the pool then selects like ``"none"``)."""
     max_lag: float = 4.0
     """``max_lag`` policy: reject candidates whose staleness exceeds this (policy versions, inclusive cap)."""
-    max_lag_measure: str = "mean"
-    """``max_lag`` policy: ``"mean"`` uses the token-averaged ``S = GS + WS``; ``"max"`` uses the largest
-    token lag ``v_now - min_t v_t`` (the usual per-sample cap of other frameworks)."""
+    max_lag_measure: str = "oldest"
+    """``max_lag`` policy: what is compared with the cap. ``"oldest"`` (default): the lag of the
+    trajectory's oldest token, ``v_now - min_t v_t``, so no consumed token is more than ``max_lag``
+    versions old (the usual per-sample cap of other frameworks); ``"mean"``: the token-averaged
+    ``S = GS + WS``, which admits single tokens older than the cap (``S = 2`` can hold a token 5
+    versions old).
+
+    .. versionchanged:: the default is ``"oldest"`` (it was ``"mean"``), and ``"oldest"`` is the
+       name of what was called ``"max"``."""
     gamma: float = 4.0
     """``pace``: exponent of the percentile-rank weight ``w_i = u_i ** gamma`` (> 0)."""
     beta: float = 0.9

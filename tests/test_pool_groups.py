@@ -45,8 +45,8 @@ def scorer_for(rng):
 POLICIES = [
     StalenessConfig(policy="none"),
     StalenessConfig(policy="sync"),
-    StalenessConfig(policy="max_lag", max_lag=3.0),
-    StalenessConfig(policy="max_lag", max_lag=4.0, max_lag_measure="max"),
+    StalenessConfig(policy="max_lag", max_lag=3.0, max_lag_measure="mean"),
+    StalenessConfig(policy="max_lag", max_lag=4.0),
     StalenessConfig(policy="pace", drift_mode="token_share", beta=0.0),
     StalenessConfig(policy="pace", drift_mode="token_share", beta=0.5, target_occupancy=6),
     StalenessConfig(policy="pace", drift_mode="scoring", beta=0.0, gamma=2.0),
