@@ -6,11 +6,13 @@ inside a running event loop alike (where ``asyncio.run`` would fail).
 
 :func:`register_gymnasium_envs` adds every agentenv id (built-ins and plugins) to Gymnasium's
 registry as ``agentenv/<id>`` (a namespaced id ``ns/Name-v0`` becomes ``agentenv/ns.Name-v0``).
-Importing this module registers them, so both of these work::
+``agentenv.register`` adds each id as it is registered, so the built-ins need only ``import agentenv``;
+importing this module also loads the plugins and registers theirs. All of these work::
 
-    import agentenv.gym_adapter, gymnasium
+    import agentenv, gymnasium
     env = gymnasium.make("agentenv/python_tool", sandbox_backend="process")
-    env = gymnasium.make("agentenv.gym_adapter:agentenv/python_tool")   # Gymnasium's module:id form
+    env = gymnasium.make("agentenv:agentenv/python_tool")               # Gymnasium's module:id form
+    env = gymnasium.make("agentenv.gym_adapter:agentenv/examples.GuessNumber-v0")   # a plugin's id
 
 Wall-clock timings (keys the wrapped env lists in ``timing_info_keys``) are moved out of ``info``
 into :attr:`SyncEnv.last_timing`: Gymnasium's contract (and its env checker) expects ``info`` to be
@@ -29,11 +31,9 @@ import numpy as np
 
 from agentenv.core import Env
 from agentenv.errors import ClosedError
+from agentenv.registration import gym_id
 
 T = TypeVar("T")
-
-GYM_NAMESPACE = "agentenv"
-
 
 class SyncEnv(gymnasium.Env):
     """A ``gymnasium.Env`` that drives an agentenv :class:`~agentenv.core.Env` synchronously.
@@ -117,40 +117,35 @@ class SyncEnv(gymnasium.Env):
         return f"<SyncEnv{self.env!r}>"
 
 
-def gym_id(agentenv_id: str) -> str:
-    """The Gymnasium id of an agentenv id: ``agentenv/<id>`` with ``/`` inside ``id`` turned into ``.``."""
-    return f"{GYM_NAMESPACE}/{agentenv_id.replace('/', '.')}"
+def make_sync(agentenv_id: str, **kwargs: Any) -> SyncEnv:
+    """Gymnasium's entry point of every ``agentenv/<id>``: ``SyncEnv(agentenv.make(agentenv_id, **kwargs))``.
 
+    Raises:
+        EnvNotFound / ConfigError: As :func:`agentenv.make`.
+    """
+    from agentenv.registration import make
 
-class _Creator:
-    """Gymnasium entry point for one agentenv id (picklable, unlike a lambda)."""
-
-    def __init__(self, agentenv_id: str) -> None:
-        self.agentenv_id = agentenv_id
-
-    def __call__(self, **kwargs: Any) -> SyncEnv:
-        from agentenv.registration import make
-
-        kwargs.pop("render_mode", None)  # no agentenv env renders
-        return SyncEnv(make(self.agentenv_id, **kwargs))
+    kwargs.pop("render_mode", None)  # no agentenv env renders
+    return SyncEnv(make(agentenv_id, **kwargs))
 
 
 def register_gymnasium_envs() -> list[str]:
-    """Register every agentenv id (plugins included) in Gymnasium's registry; idempotent.
+    """Register every agentenv id (plugins included: they are loaded) in Gymnasium's registry; idempotent.
+
+    ``agentenv.register`` adds each id as it is registered; this call loads the plugins first, so
+    that their ids are there before one of them is made.
 
     Returns:
         The Gymnasium ids added by this call.
     """
-    from agentenv.registration import load_plugins, registry
+    from agentenv.registration import _register_in_gymnasium, load_plugins, registry
 
     load_plugins()
     added = []
     for env_id in sorted(registry):
-        gid = gym_id(env_id)
-        if gid in gymnasium.registry:
-            continue
-        gymnasium.register(id=gid, entry_point=_Creator(env_id), disable_env_checker=False)
-        added.append(gid)
+        if gym_id(env_id) not in gymnasium.registry:
+            _register_in_gymnasium(env_id)
+            added.append(gym_id(env_id))
     return added
 
 

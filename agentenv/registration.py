@@ -83,7 +83,36 @@ def register(
         raise RegistrationError(f"environment id {id!r} is already registered ({registry[id].entry_point!r})")
     spec = EnvSpec(id=id, entry_point=entry_point, kwargs=dict(kwargs), description=description)
     registry[id] = spec
+    _register_in_gymnasium(id)
     return spec
+
+
+GYM_NAMESPACE = "agentenv"
+"""Gymnasium's namespace of agentenv's ids: ``gymnasium.make("agentenv/python_tool")``."""
+
+
+def gym_id(agentenv_id: str) -> str:
+    """The Gymnasium id of an agentenv id: ``agentenv/<id>`` with ``/`` inside ``id`` turned into ``.``."""
+    return f"{GYM_NAMESPACE}/{agentenv_id.replace('/', '.')}"
+
+
+def _register_in_gymnasium(agentenv_id: str) -> None:
+    """Add ``agentenv_id`` to Gymnasium's registry, by name only: nothing is imported until it is made.
+
+    Gymnasium is imported already (agentenv's spaces are Gymnasium's), so every registered id, the
+    built-ins at ``import agentenv`` among them, is a ``gymnasium.make`` away; an id Gymnasium's
+    syntax refuses is left out (``agentenv.gym_adapter`` can still wrap it).
+    """
+    import gymnasium
+
+    gid = gym_id(agentenv_id)
+    if gid in gymnasium.registry:
+        return
+    try:
+        gymnasium.register(id=gid, entry_point="agentenv.gym_adapter:make_sync", kwargs={"agentenv_id": agentenv_id},
+                           disable_env_checker=False)
+    except gymnasium.error.Error as exc:
+        logger.debug("%s is not a Gymnasium id (%s): not registered there", gid, exc)
 
 
 def load_plugins(*, force: bool = False) -> list[str]:

@@ -82,3 +82,19 @@ def test_module_colon_id_form() -> None:
     )
     assert isinstance(env.unwrapped, SyncEnv)
     env.close()
+
+
+def test_gymnasium_make_needs_only_import_agentenv() -> None:
+    """A fresh interpreter: ``import agentenv`` alone makes the built-ins Gymnasium ids (nothing else imported)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, agentenv, gymnasium\n"
+            "assert 'agentenv.gym_adapter' not in sys.modules and 'agentenv.envs.python_tool' not in sys.modules\n"
+            "env = gymnasium.make('agentenv/python_tool', sandbox_backend='process')\n"
+            "obs, info = env.reset(seed=3)\n"
+            "print(type(env.unwrapped).__name__, isinstance(obs, str) and len(obs) > 0)\n"
+            "env.close()\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["SyncEnv", "True"]
