@@ -25,8 +25,21 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+def version() -> str:
+    """The installed distribution's version (``agentenv.__version__`` when it runs from a bare checkout)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("agentenv")
+    except PackageNotFoundError:
+        from agentenv import __version__
+
+        return __version__
+
+
 def _usage() -> str:
-    lines = ["usage: agentenv <command> [options]", "", "commands:"]
+    lines = ["usage: agentenv [--version] <command> [options]", "", "commands:"]
     lines += [f"  {name:<16} {help_}" for name, (_, help_) in COMMANDS.items()]
     lines += ["", "Run 'agentenv <command> --help' for a command's options."]
     return "\n".join(lines)
@@ -37,6 +50,9 @@ def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help", "help"):
         print(_usage())
+        return 0
+    if args[0] in ("-V", "--version"):
+        print(f"agentenv {version()}")
         return 0
     name, rest = args[0], args[1:]
     if name not in COMMANDS:

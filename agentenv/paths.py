@@ -19,7 +19,7 @@ def data_dir(override: str | os.PathLike[str] | None = None) -> Path:
     """Return the shared data folder.
 
     Args:
-        override: An explicit folder (a ``--data-dir`` flag); wins over everything else.
+        override: An explicit folder (an env's ``data_root`` argument); wins over everything else.
 
     Raises:
         DataError: No candidate folder exists; the message names the ones tried.
@@ -32,7 +32,8 @@ def data_dir(override: str | os.PathLike[str] | None = None) -> Path:
         if c.is_dir():
             return c
     tried = ", ".join(str(c) for c in candidates)
-    raise DataError(f"shared data folder not found (tried {tried}); set AGENTENV_DATA or pass --data-dir")
+    raise DataError(f"shared data folder not found (tried {tried}); set AGENTENV_DATA=PATH, or pass the env's "
+                    "data_root: agentenv train env.kwargs.data_root=PATH, agentenv eval --data-root PATH")
 
 
 def cache_dir(*parts: str) -> Path:
