@@ -17,6 +17,6 @@ source scripts/install_docker.sh
 # that does not exist fails the build (mkdocs.yml; the doc tools are the `docs` extra, pinned).
 .venv/bin/python -m pip install -q -e ".[docs]"
 site="$(mktemp -d)"
-NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet --site-dir "$site"
+NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --site-dir "$site"   # not --quiet: it hides the warnings strict counts
 rm -rf "$site"
 exec .venv/bin/python -m pytest -q -ra "$@"
