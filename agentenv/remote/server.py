@@ -292,6 +292,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``agentenv serve ENV_ID [--host H] [--port N] [--env-arg K=V ...] [--token T]``; returns the exit status.
 
     Prints ``agentenv serve: ENV_ID on URL`` on stdout once bound; errors go to stderr with status 1.
+    Ctrl-C (SIGINT) closes the sessions and stops with status 130 and one line, SIGTERM with status 0.
     """
     d = ServeConfig.__dataclass_fields__
     p = argparse.ArgumentParser(prog="agentenv serve", description="Serve a registered environment over HTTP.")
@@ -317,4 +318,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (AgentEnvError, OSError) as exc:
         print(f"agentenv serve: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # uvicorn has closed every session, then passes Ctrl-C on
+        print("agentenv serve: stopped", file=sys.stderr)
+        return 130
     return 0

@@ -137,3 +137,24 @@ def test_an_env_error_fails_only_its_session(http):
     assert kind(r) == (500, "env_error") and "ConfigError" in r.json()["error"]["message"]
     still_serving(http, bystander)
     http.delete(f"/sessions/{bystander['session']}")
+
+
+def test_ctrl_c_stops_the_server_with_one_line_and_no_traceback():
+    import signal as signals
+
+    from tests.remote.serving import launch, wait_ready
+
+    proc = launch()
+    try:
+        url = wait_ready(proc)
+        assert httpx.get(f"{url}/health", timeout=10).status_code == 200  # uvicorn is serving, a session open
+        body = {"request_id": "r1", "seed": 0, "options": {"task": 0}}
+        assert httpx.post(f"{url}/sessions", json=body, timeout=10).status_code == 201
+        proc.send_signal(signals.SIGINT)
+        _, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=10)
+    assert proc.returncode == 130
+    assert err.strip().splitlines() == ["agentenv serve: stopped"]
