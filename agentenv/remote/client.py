@@ -97,6 +97,8 @@ class RemoteEnv(Env[Any, str]):
         self.system_prompt = desc["system_prompt"]
         self.tools = tuple(desc["tools"])
         self.max_action_chars = int(desc["max_action_chars"])
+        #: ``info`` keys holding wall-clock timings (the served env's; a server that predates them says none)
+        self.timing_info_keys = tuple(desc.get("timing_info_keys", ()))
         self._client: httpx.AsyncClient | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._url: str | None = None

@@ -243,3 +243,18 @@ async def test_a_reset_or_close_cut_short_by_a_cancellation_leaves_no_session_op
     assert sessions(server.url) == before + 1
     await env.close()
     assert sessions(server.url) == before
+
+
+async def test_check_env_passes_on_a_remote_python_tool_as_it_does_locally():
+    """python_tool's info carries wall-clock timings (sandbox_s, grading_s): the client knows them as the local
+    env does, so the determinism checks skip them there too."""
+    from agentenv.registration import make
+
+    actions = ["<tool_call>\n{\"name\": \"python\", \"arguments\": {\"code\": \"print(6*7)\"}}\n</tool_call>",
+               "\\boxed{42}"]
+    local = await check_env(make("python_tool", sandbox_backend="process"), actions=actions)
+    with running("--env-arg", "sandbox_backend=process", env_id="python_tool") as srv:
+        env = RemoteEnv("python_tool", srv.url)
+        assert env.timing_info_keys == ("sandbox_s", "grading_s")
+        remote = await check_env(env, actions=actions)
+    assert remote.checks == local.checks and remote.steps == local.steps > 0
