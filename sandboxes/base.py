@@ -35,6 +35,9 @@ class ExecResult:
         error: Traceback or reason text when ``status`` is not OK, else "".
         duration_s: Wall-clock seconds the snippet ran, excluding time spent waiting for a worker.
         output_truncated: True when stdout or stderr was cut to the cap.
+        stdout_chars: Characters the snippet wrote to stdout, the ones past the cap included (bytes for
+            output written straight to the file descriptor); None when the backend does not count them.
+        stderr_chars: The same for stderr.
         worker_replaced: True when the worker was restarted after this call (state lost).
     """
 
@@ -45,6 +48,8 @@ class ExecResult:
     duration_s: float = 0.0
     output_truncated: bool = False
     worker_replaced: bool = False
+    stdout_chars: int | None = None
+    stderr_chars: int | None = None
 
     @property
     def ok(self) -> bool:

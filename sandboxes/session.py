@@ -217,7 +217,8 @@ class WorkerSandbox:
             result = ExecResult(status, stdout=resp["stdout"], stderr=resp["stderr"],
                                 error=resp["error"], duration_s=duration,
                                 output_truncated=bool(resp.get("truncated")),
-                                worker_replaced=status is ExecStatus.OOM)
+                                worker_replaced=status is ExecStatus.OOM,
+                                stdout_chars=resp.get("stdout_chars"), stderr_chars=resp.get("stderr_chars"))
             if status is ExecStatus.OOM:
                 return await self._replace(result)
             return result

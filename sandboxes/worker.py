@@ -90,11 +90,11 @@ def _setup(cfg):
 
 
 class _Capped(io.TextIOBase):
-    """A text stream that keeps the first ``cap`` characters and counts the rest as truncated."""
+    """A text stream that keeps the first ``cap`` characters; ``written`` counts every character written."""
 
     def __init__(self, cap):
         super().__init__()
-        self.cap, self.parts, self.size, self.truncated = cap, [], 0, False
+        self.cap, self.parts, self.size, self.truncated, self.written = cap, [], 0, False, 0
         self.buffer = _CappedBytes(self)
 
     def writable(self):
@@ -104,6 +104,7 @@ class _Capped(io.TextIOBase):
         if not isinstance(s, str):
             raise TypeError(f"write() argument must be str, not {type(s).__name__}")
         n = len(s)
+        self.written += n
         room = self.cap - self.size
         if n > room:
             self.truncated = True
@@ -173,13 +174,16 @@ def _memfile(name):
 
 
 def _drain(fd, cap):
-    """Read back at most ``cap`` bytes written to fd since the last drain, then empty it."""
+    """Read back at most ``cap`` bytes written to fd since the last drain, then empty it.
+
+    Returns ``(text, cut, size)``: ``size`` is every byte written, the ones past ``cap`` included.
+    """
     size = os.fstat(fd).st_size
     os.lseek(fd, 0, os.SEEK_SET)
     data = _read_exact(fd, min(size, cap)) or b""
     os.ftruncate(fd, 0)
     os.lseek(fd, 0, os.SEEK_SET)
-    return data.decode("utf-8", "replace"), size > cap
+    return data.decode("utf-8", "replace"), size > cap, size
 
 
 def _descendants(root):
@@ -249,8 +253,8 @@ def _run(code, cap, namespace, out_fd, err_fd):
             os._exit(0)  # a process the snippet forked came back here: it must never answer
         sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
     _reap_children()
-    fd_out, t1 = _drain(out_fd, cap)
-    fd_err, t2 = _drain(err_fd, cap)
+    fd_out, t1, n_out = _drain(out_fd, cap)
+    fd_err, t2, n_err = _drain(err_fd, cap)
     stdout, stderr = out.value() + fd_out, err.value() + fd_err
     truncated = out.truncated or err.truncated or t1 or t2 or len(stdout) > cap or len(stderr) > cap
     return {
@@ -259,6 +263,8 @@ def _run(code, cap, namespace, out_fd, err_fd):
         "stderr": stderr.encode("utf-8", "replace")[:cap].decode("utf-8", "ignore"),
         "error": error.encode("utf-8", "replace").decode("utf-8")[-cap:],
         "truncated": truncated,
+        "stdout_chars": out.written + n_out,  # what the snippet printed (bytes for what bypassed sys.stdout)
+        "stderr_chars": err.written + n_err,
     }
 
 

@@ -55,10 +55,11 @@ def check_arguments(name: str, arguments: Mapping[str, Any]) -> str | None:
     return code
 
 
-def _cap(text: str, limit: int) -> str:
-    if len(text) <= limit:
-        return text
-    return text[:limit] + f"\n... [{len(text) - limit} more characters cut]"
+def _cap(text: str, limit: int, printed: int | None = None) -> str:
+    """``text`` cut to ``limit`` characters; the note counts what the snippet ``printed`` that is not shown."""
+    shown = text[:limit]
+    cut = max(printed or 0, len(text)) - len(shown)
+    return shown if cut <= 0 else shown + f"\n... [{cut} more characters cut]"
 
 
 def format_result(result: ExecResult, max_chars: int) -> str:
@@ -77,9 +78,9 @@ def format_result(result: ExecResult, max_chars: int) -> str:
             f" ({_RESTARTED[result.status]}; the sandbox was restarted and earlier variables are lost)"
         )
     if result.stdout:
-        lines.append("stdout:\n" + _cap(result.stdout, max_chars).rstrip("\n"))
+        lines.append("stdout:\n" + _cap(result.stdout, max_chars, result.stdout_chars).rstrip("\n"))
     if result.stderr:
-        lines.append("stderr:\n" + _cap(result.stderr, max_chars).rstrip("\n"))
+        lines.append("stderr:\n" + _cap(result.stderr, max_chars, result.stderr_chars).rstrip("\n"))
     if result.error:
         lines.append("error:\n" + _cap(result.error, max_chars).rstrip("\n"))
     if result.output_truncated:

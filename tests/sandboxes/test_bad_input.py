@@ -48,6 +48,19 @@ async def test_huge_output_is_capped(sandbox):
     assert r.stdout == "small\n" and not r.output_truncated
 
 
+async def test_the_cut_note_counts_what_the_snippet_printed(sandbox):
+    """10,001 characters printed, 4,096 kept by the sandbox, 100 shown to the model: 9,901 are cut, not 3,996."""
+    from agentenv.envs.python_tool.tool import format_result
+
+    r = await sandbox.run("print('a' * 10_000)")
+    assert (r.stdout_chars, len(r.stdout), r.output_truncated) == (10_001, CAP, True)
+    assert format_result(r, 100).splitlines()[-2] == "... [9901 more characters cut]"
+    r = await sandbox.run("import os, sys\nprint('x' * 5)\nsys.stdout.flush()\nos.write(1, b'y' * 7000)")
+    assert r.stdout_chars == 6 + 7000 and format_result(r, 10).splitlines()[-2] == "... [6996 more characters cut]"
+    r = await sandbox.run("print('small')")
+    assert r.stdout_chars == 6 and "cut" not in format_result(r, 100)
+
+
 async def test_invalid_utf8_is_replaced(sandbox):
     code = ("import sys, os\nsys.stdout.buffer.write(b'A\\xff\\xfeB\\n')\nos.write(1, b'C\\xc3\\x28D\\n')\n"
             "print('E\\udcffF')\nsys.stderr.buffer.write(b'\\x80err')")
