@@ -167,7 +167,13 @@ class PythonToolEnv(Env[str, str]):
         """``count`` scripted one-call arithmetic episodes (:mod:`agentenv.envs.python_tool.demonstrations`).
 
         The same ``seed`` gives the same problems; each transcript is laid out as a rollout of this
-        env (system prompt, tool schema, tool result as this env formats it, 4000 characters kept).
+        env (system prompt, tool schema, tool result as this env formats it, 4000 characters kept),
+        its call written in the syntax of the chat template's tool-call family (hermes, qwen25,
+        qwen3, llama3_json, deepseek, mistral).
+
+        Raises:
+            TemplateError: The template's family is one the demonstrations cannot write a call for
+                (harmony), naming it; or a scripted reply does not read back through the family's parser.
         """
         from agentenv.envs.python_tool.demonstrations import build_transcript, scripted_problem
         from agentenv.sandboxes.base import ExecResult, ExecStatus
