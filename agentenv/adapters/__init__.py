@@ -3,15 +3,22 @@
 One module per peer; each maps the peer's reset/step/reward/termination (and, where the peer deals
 episodes from seeds, a task list of seeds) onto agentenv's contract. Ids, ``PEER/PEER_ID``:
 
-===============================  =====================================================  ==================
-id                               plays                                                  package (extra)
-===============================  =====================================================  ==================
-``gym/<GYMNASIUM ID>``           any Gymnasium env with ``spaces.Text`` spaces          ``gymnasium`` (core)
-``reasoning_gym/<FAMILY>``       a reasoning-gym family, one reply, its verifier        ``reasoning-gym`` (core)
-``reasoning_gym_tool/<FAMILY>``  the same with the sandboxed Python tool                ``reasoning-gym`` (core)
-``gem/<GEM ID>``                 GEM, e.g. ``gem/game:GuessTheNumber-v0``               ``gem-llm`` (``[gem]``)
-``textarena/<ID>``               TextArena's single-player games                        ``textarena`` (``[textarena]``)
-===============================  =====================================================  ==================
+===============================  =====================================================  ==================  ========
+id                               plays                                                  package (extra)     cut_turn
+===============================  =====================================================  ==================  ========
+``gym/<GYMNASIUM ID>``           any Gymnasium env with ``spaces.Text`` spaces          ``gymnasium``       act
+``reasoning_gym/<FAMILY>``       a reasoning-gym family, one reply, its verifier        ``reasoning-gym``   end
+``reasoning_gym_tool/<FAMILY>``  the same with the sandboxed Python tool                ``reasoning-gym``   end
+``gem/<GEM ID>``                 GEM, e.g. ``gem/game:GuessTheNumber-v0``               ``gem-llm``         act [1]_
+``textarena/<ID>``               TextArena's single-player games                        ``textarena``       act
+===============================  =====================================================  ==================  ========
+
+``cut_turn`` (:class:`agentenv.core.Env`) is what a reply cut by the per-turn token budget does: in a
+game (``act``) it is still played as the move and the game goes on; in a single graded answer
+(``end``) it ends the episode ungraded. gymnasium and reasoning-gym are core dependencies; gem-llm and
+textarena come with the ``[gem]`` and ``[textarena]`` extras.
+
+.. [1] GEM's ids outside ``game:`` (math, QA: one graded answer) are ``end``.
 
 Ids are resolved when first asked for (:func:`resolve`, called by :func:`agentenv.make` for an id
 the registry does not hold), so importing agentenv imports no peer. ``agentenv envs`` lists every

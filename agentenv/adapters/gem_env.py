@@ -53,6 +53,9 @@ class GemEnv(Env[str, str]):
 
     observation_space = UnicodeText(1 << 17)
     action_space = UnicodeText(1 << 16)
+    cut_turn = "act"
+    """A game's reply cut by the token budget is still played as the move; GEM's single-answer tasks
+    (ids not starting with ``game:``) set ``"end"`` on the instance: a cut answer is never graded."""
 
     def __init__(self, gem_id: str, *, task_seed: int = 0, num_tasks: int = 1000, **gem_kwargs: Any) -> None:
         registry = gem_registry()
@@ -61,6 +64,8 @@ class GemEnv(Env[str, str]):
         import gem
 
         self.gem_id = gem_id
+        if not gem_id.startswith("game:"):
+            self.cut_turn = "end"  # type: ignore[misc]
         self.seeds = SeedTasks(gem_id, task_seed, num_tasks)
         self._random = PrivateRandom()
         try:

@@ -40,6 +40,9 @@ class GymnasiumEnv(Env[str, str]):
         ConfigError: ``gymnasium.make`` rejects ``make_kwargs``, or a space is not ``spaces.Text``.
     """
 
+    cut_turn = "act"
+    """Gymnasium's text envs are interactive: a reply cut by the token budget is still the action."""
+
     def __init__(self, gym_id: str, *, in_thread: bool = True, **make_kwargs: Any) -> None:
         import gymnasium
 

@@ -96,6 +96,8 @@ class ReasoningGymEnv(Env[str, str]):
 
     observation_space = UnicodeText(1 << 17)
     action_space = UnicodeText(1 << 16)
+    cut_turn = "end"
+    """One graded answer: a reply cut by the token budget ends the episode ungraded (reward 0)."""
 
     def __init__(self, family: str, seed: int = 0, size: int = 1000, config: Mapping[str, Any] | None = None) -> None:
         from reasoning_gym.utils import SYSTEM_PROMPTS

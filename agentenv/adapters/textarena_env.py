@@ -86,6 +86,8 @@ class TextArenaEnv(Env[str, str]):
 
     observation_space = UnicodeText(1 << 17)
     action_space = UnicodeText(1 << 16)
+    cut_turn = "act"
+    """Games: a reply cut by the token budget is still played as the move, and the game goes on."""
 
     def __init__(self, ta_id: str, *, task_seed: int = 0, num_tasks: int = 1000, **ta_kwargs: Any) -> None:
         import textarena

@@ -122,7 +122,7 @@ def build_app(cfg: ServeConfig, factory: Callable[[], Env] | None = None) -> Any
                   "split": str(getattr(first, "split", ""))}
     info_body = {"protocol": PROTOCOL_VERSION, "env": cfg.env_id,
                  "observation_role": getattr(env_cls, "observation_role", "user"),
-                 "cut_turn": getattr(env_cls, "cut_turn", "end"), "system_prompt": first.system_prompt,
+                 "cut_turn": getattr(first, "cut_turn", "end"), "system_prompt": first.system_prompt,
                  "tools": jsonable(list(first.tools)), "max_action_chars": cfg.max_action_chars,
                  "timing_info_keys": list(getattr(first, "timing_info_keys", ()))}
     cap = body_cap(cfg.max_action_chars)
