@@ -653,6 +653,22 @@ async def env_tasks(env_id: str, kwargs: Mapping[str, Any], *, remedy: str = "`a
     return (lambda: make(env_id, **kwargs)), tasks, split
 
 
+def refuse_checkpoint(model: str | None) -> None:
+    """Refuse a training checkpoint folder (``RUN/checkpoints/vN``) as ``--model``, naming the export that fixes it.
+
+    Raises:
+        ConfigError: ``model`` holds a checkpoint's ``meta.json`` and no ``config.json``.
+    """
+    if model is None:
+        return
+    folder = Path(model)
+    if (folder / "meta.json").is_file() and not (folder / "config.json").is_file():
+        run = folder.parent.parent if folder.parent.name == "checkpoints" else Path("RUN")
+        raise ConfigError(f"{folder} is a training checkpoint (weights and optimizer, no config or tokenizer); "
+                          f"export it as a model folder first: agentenv export {run} --out MODEL_DIR, then "
+                          "--model MODEL_DIR")
+
+
 def protocol(args: argparse.Namespace, kwargs: Mapping[str, Any], tasks: str) -> dict[str, Any]:
     """How ``agentenv eval`` plays its episodes, as written in the report (and compared by ``--resume``)."""
     sampling = "greedy" if args.temperature <= 0 else f"temperature {args.temperature}, top_p {args.top_p}"
@@ -719,6 +735,7 @@ async def _run(args: argparse.Namespace) -> tuple[EvalReport, list[EpisodeResult
     from agentenv.rollout import RolloutConfig
 
     template_kwargs(args)  # a malformed --chat-template-kwarg fails before anything loads
+    refuse_checkpoint(args.model)
     kwargs = env_kwargs(args)
     async with make(args.env, **kwargs) as env:
         tasks, split = env.tasks(), str(getattr(env, "split", ""))

@@ -84,3 +84,14 @@ def test_eval_plays_an_exported_model(base, tmp_path, guess_number):
                       "--no-progress", "--out", str(report_dir), "--concurrency", "1"]) == 0
     report = json.loads((report_dir / "report.json").read_text())
     assert report["overall"]["episodes"] == 2 and report["overall"]["errors"] == 0
+
+
+def test_eval_names_the_export_for_a_checkpoint_folder(base, tmp_path, guess_number, capsys):
+    from agentenv.evaluation import main as eval_main
+
+    run = fake_run(tmp_path / "run", base, [3])
+    checkpoint = next((run / "checkpoints").glob("v*"))
+    assert eval_main(["--env", guess_number, "--model", str(checkpoint), "--out", str(tmp_path / "e")]) == 2
+    err = capsys.readouterr().err
+    assert "is a training checkpoint" in err and f"agentenv export {run} --out MODEL_DIR" in err
+    assert not (tmp_path / "e").exists()
