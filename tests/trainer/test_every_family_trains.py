@@ -62,3 +62,16 @@ def await_close(env):
     import asyncio
 
     asyncio.run(env.close())
+
+
+def test_a_run_that_makes_no_update_exits_1_with_the_reason(tiny, tmp_path, capsys):
+    """A random model never solves gcd: every reward is 0, no batch carries gradient, the one batch allowed
+    (run.max_batches=1) is spent and the run ends with 0 of 1 updates."""
+    pytest.importorskip("reasoning_gym")
+    run = tmp_path / "run"
+    small = [a for a in SMALL if a != "optim.step_on_zero_gradient=true"]
+    assert train_main(["--env", "reasoning_gym/gcd", "--model", str(tiny), "--run-dir", str(run), *small,
+                       "run.max_batches=1"]) == 1
+    err = capsys.readouterr().err
+    assert "agentenv train: made 0 of the 1 updates asked for: the loop stopped after 1 batches" in err
+    assert json.loads((run / "summary.json").read_text())["updates"] == 0

@@ -184,3 +184,19 @@ async def test_a_run_whose_episodes_all_fail_stops_with_the_error():
     collector.failure_streak -= 1  # one below the limit: it keeps waiting for a batch
     with pytest.raises(asyncio.TimeoutError):
         await asyncio.wait_for(next_batch([], learner, cfg, asyncio.Event(), print, collector), 0.3)
+
+
+@pytest.mark.parametrize("summary, expected", [
+    ({"updates": 3}, None),  # all asked for
+    ({"updates": 1, "interrupted": True}, None),  # Ctrl-C has its own status
+    ({"updates": 0, "interrupted": True}, None),
+    ({"updates": 2, "budget_spent": True}, None),  # a time budget that allowed some updates
+    ({"updates": 0, "budget_spent": True}, "made 0 of the 3 updates asked for: the time budget ran out"),
+    ({"updates": 2}, "made 2 of the 3 updates asked for: the loop stopped after 12 batches"),
+])
+def test_shortfall_says_why_a_run_failed(summary, expected):
+    from agentenv.trainer.setup import shortfall
+
+    cfg, _ = parse_args(["--updates", "3"])  # run.max_batches unset: 4 x 3 batches
+    reason = shortfall(cfg, summary)
+    assert reason is None if expected is None else reason.startswith(expected)
