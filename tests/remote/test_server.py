@@ -158,3 +158,12 @@ def test_ctrl_c_stops_the_server_with_one_line_and_no_traceback():
             proc.communicate(timeout=10)
     assert proc.returncode == 130
     assert err.strip().splitlines() == ["agentenv serve: stopped"]
+
+
+def test_a_peer_id_that_envs_lists_is_served_with_a_plain_command():
+    pytest.importorskip("reasoning_gym")
+    with running(env_id="reasoning_gym/gcd") as server:
+        info = httpx.get(f"{server.url}/info", timeout=10).json()
+        tasks = httpx.get(f"{server.url}/tasks", timeout=10).json()["tasks"]
+    assert (info["env"], info["cut_turn"]) == ("reasoning_gym/gcd", "end")
+    assert tasks["ids"][:2] == ["gcd/0", "gcd/1"]
