@@ -98,9 +98,11 @@ def test_a_warm_up_the_env_cannot_serve_fails_before_the_model_loads(guess_numbe
         f"warmup.steps=2 needs scripted demonstrations, which environment '{guess_number}' does not provide"
         in capsys.readouterr().err
     )
-    # so do constructor arguments the env does not take: the message lists the ones it takes
-    assert recipe.main(["--env", guess_number, "--run-dir", str(tmp_path / "s"), "env.kwargs.dataset=x"]) == 1
+    # so do constructor arguments the env does not take, before the run folder exists: the message lists the
+    # ones it takes
+    assert recipe.main(["--env", guess_number, "--run-dir", str(tmp_path / "s"), "env.kwargs.dataset=x"]) == 2
     assert "does not take 'dataset'; it takes: low, high, max_turns" in capsys.readouterr().err
+    assert not (tmp_path / "s").exists()
 
 
 async def test_held_out_evaluation_plays_each_declared_task(guess_number):
