@@ -9,9 +9,11 @@ Three layers, each usable alone:
 * :func:`aggregate` is a pure function from results to an :class:`EvalReport`: success rate overall
   and per task kind (ALFWorld: task type), mean steps, and pass@K over K samples per task (ALFWorld
   papers report the mean success over the episodes; with K = 3 samples per game as in the papers).
-* :func:`main` is ``agentenv eval``: for any registered environment that declares its tasks
-  (:meth:`agentenv.core.Env.tasks`), it loads the model and engine, plays the tasks, prints a table
-  and writes the report as JSON.
+* :func:`main` is ``agentenv eval``: for any environment ``agentenv envs`` lists, it loads the model
+  and engine, plays the env's tasks (:meth:`agentenv.core.Env.tasks`) or, for an env without a task
+  list, a range of seeds, under a stated protocol (:func:`protocol`; by default the trainer's
+  held-out one: greedy, one sample); each episode is logged as it ends (:class:`EpisodeLog`,
+  ``--resume``), then the table is printed and the report written as JSON and text.
 
 "Game" in the names below is any task of the environment; "task type" is its kind.
 """
@@ -631,7 +633,7 @@ def _build_engine(args: argparse.Namespace) -> tuple[Any, Any]:
                                                                              template_kwargs=template_kwargs(args))
 
 
-async def env_tasks(env_id: str, kwargs: Mapping[str, Any], *, remedy: str = "`agentenv eval` has nothing to play"
+async def env_tasks(env_id: str, kwargs: Mapping[str, Any], *, remedy: str = "there is nothing to evaluate"
                     ) -> tuple[Callable[[], Env], TaskSet, str]:
     """The builder of ``make(env_id, **kwargs)``, its tasks and its split label (``env.split`` or ``""``).
 
