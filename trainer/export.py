@@ -10,8 +10,8 @@ optimizer, but not the model's config, tokenizer or chat template: those are the
       model.safetensors                       # the checkpoint's weights, unchanged
       agentenv_export.json                    # run, version, base model, env, chat-template variables
 
-so that ``transformers.AutoModelForCausalLM.from_pretrained(OUT)``, ``agentenv eval --model OUT`` and
-vLLM load it. The weights file is streamed (its header rewritten with the ``format: pt`` metadata
+so that ``transformers.AutoModelForCausalLM.from_pretrained(OUT)`` and ``agentenv eval --model OUT`` load it
+(the layout vLLM reads too). The weights file is streamed (its header rewritten with the ``format: pt`` metadata
 transformers asks for), so a 7B export needs no more memory than a small one.
 """
 
@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="agentenv export",
         description="Write a training run's checkpoint as a Hugging Face model folder (config, tokenizer, chat "
-                    "template, weights) that transformers, vLLM and `agentenv eval --model DIR` load.",
+                    "template, weights) that transformers and `agentenv eval --model DIR` load.",
         epilog="Example: agentenv export runs/python_tool_cpu --out models/python_tool_v20")
     ap.add_argument("run", help="the run folder (train's --run-dir)")
     ap.add_argument("--version", type=int, default=None, help="policy version to export (default: the latest "
