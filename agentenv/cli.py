@@ -13,7 +13,7 @@ from agentenv.malloc import return_freed_memory_to_os
 #: subcommand -> ("module:function", one-line help). Each function takes ``argv`` and returns an exit code.
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("agentenv.trainer.recipe:main", "train a model with asynchronous RL (FlashREINFORCE + PACE)"),
-    "eval": ("agentenv.evaluation:main", "evaluate a model on an environment (e.g. ALFWorld seen/unseen)"),
+    "eval": ("agentenv.eval_command:main", "evaluate a model on an environment (e.g. ALFWorld seen/unseen)"),
     "export": ("agentenv.trainer.export:main", "write a run's checkpoint as a Hugging Face model folder"),
     "compare": ("agentenv.trainer.compare:main", "run one recipe in sync and async modes; print a table"),
     "study": ("agentenv.trainer.study:main", "rerun one of the papers' claims at small scale: table and plots"),

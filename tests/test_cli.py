@@ -23,7 +23,7 @@ def test_version_is_the_installed_one(flag, capsys):
 
 
 def test_the_data_folder_message_names_flags_that_exist(tmp_path, monkeypatch):
-    from agentenv.evaluation import _parser
+    from agentenv.eval_command import _parser
 
     monkeypatch.delenv("AGENTENV_DATA", raising=False)
     monkeypatch.setattr(paths, "_REPO", tmp_path / "checkout")

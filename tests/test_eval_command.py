@@ -8,9 +8,9 @@ import json
 import pytest
 
 import agentenv
-from agentenv import evaluation
+from agentenv import eval_command
 from agentenv.errors import EngineError
-from agentenv.evaluation import main
+from agentenv.eval_command import main
 from agentenv.registration import EnvSpec
 from tests.fakes import CharRenderer, ScriptedEngine
 
@@ -28,7 +28,7 @@ class CountingEngine(ScriptedEngine):
 
 
 def use_engine(monkeypatch, engine):
-    monkeypatch.setattr(evaluation, "_build_engine", lambda args: (engine, CharRenderer()))
+    monkeypatch.setattr(eval_command, "_build_engine", lambda args: (engine, CharRenderer()))
 
 
 def test_the_default_protocol_is_the_held_out_one_and_the_report_states_it(guess_number, monkeypatch, tmp_path,
@@ -98,7 +98,7 @@ def test_an_env_without_a_task_list_is_played_over_seeds(monkeypatch, tmp_path):
     assert report["protocol"]["tasks"] == "seeds 5:8"
     assert sorted(e["game"] for e in report["episodes"]) == ["seed-5", "seed-6", "seed-7"]
     assert sorted(s for s, _ in seen if s is not None) == [5, 6, 7] and all(o is None for _, o in seen)
-    assert evaluation.DEFAULT_SEEDS.start >= 2_000_000_000  # training with run.seed < 1,999 never plays these
+    assert eval_command.DEFAULT_SEEDS.start >= 2_000_000_000  # training with run.seed < 1,999 never plays these
     assert main(["--env", "tests/Repeat-v0", "--seeds", "8:5", "--out", str(tmp_path / "x")]) == 2
 
 

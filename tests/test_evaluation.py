@@ -11,12 +11,12 @@ import pytest
 
 from agentenv.core import Env, StepResult
 from agentenv.errors import ConfigError, ResetNeeded
+from agentenv.eval_command import main
 from agentenv.evaluation import (
     EpisodeJob,
     EpisodeResult,
     aggregate,
     format_table,
-    main,
     make_jobs,
     model_agent,
     policy_agent,
@@ -203,10 +203,10 @@ def test_main_rejects_bad_input_cleanly(capsys) -> None:
 
 def test_main_evaluates_any_env_that_declares_tasks(guess_number, monkeypatch, tmp_path, capsys) -> None:
     """``agentenv eval --env examples/GuessNumber-v0``: every secret is a task; always guessing 1 wins task 0."""
-    from agentenv import evaluation
+    from agentenv import eval_command
 
     engine = ScriptedEngine(["1"])
-    monkeypatch.setattr(evaluation, "_build_engine", lambda args: (engine, CharRenderer()))
+    monkeypatch.setattr(eval_command, "_build_engine", lambda args: (engine, CharRenderer()))
     argv = ["--env", guess_number, "--env-arg", "high=3", "--samples-per-game", "2", "--max-steps", "2",
             "--concurrency", "2", "--no-progress", "--out", str(tmp_path)]
     assert main(argv) == 0
@@ -225,13 +225,13 @@ def test_main_evaluates_any_env_that_declares_tasks(guess_number, monkeypatch, t
 def test_without_max_steps_the_env_keeps_its_own_turn_limit(guess_number, monkeypatch, tmp_path) -> None:
     """No ``--max-steps``: GuessNumber's own ``max_turns=7`` ends a game that never guesses right after 7 guesses
     (not the rollout's cap of 50, which used to be passed on to the env)."""
-    from agentenv import evaluation
+    from agentenv import eval_command
 
-    assert evaluation.env_kwargs(evaluation._parser().parse_args(["--env", guess_number])) == {}
-    assert evaluation.env_kwargs(evaluation._parser().parse_args(["--env", guess_number, "--max-steps", "3"])) == {
+    assert eval_command.env_kwargs(eval_command._parser().parse_args(["--env", guess_number])) == {}
+    assert eval_command.env_kwargs(eval_command._parser().parse_args(["--env", guess_number, "--max-steps", "3"])) == {
         "max_turns": 3}
     engine = ScriptedEngine(["0"])  # below every secret: never right
-    monkeypatch.setattr(evaluation, "_build_engine", lambda args: (engine, CharRenderer()))
+    monkeypatch.setattr(eval_command, "_build_engine", lambda args: (engine, CharRenderer()))
     argv = ["--env", guess_number, "--env-arg", "high=2", "--samples-per-game", "1", "--no-progress",
             "--out", str(tmp_path)]
     assert main(argv) == 0

@@ -8,7 +8,7 @@ import json
 import gymnasium
 import pytest
 
-from agentenv.evaluation import main as eval_main
+from agentenv.eval_command import main as eval_main
 from agentenv.registration import make
 from agentenv.trainer.export import export
 from agentenv.trainer.recipe import main as train_main

@@ -75,7 +75,7 @@ def test_export_refuses_what_it_cannot_write(base, tmp_path, capsys):
 
 
 def test_eval_plays_an_exported_model(base, tmp_path, guess_number):
-    from agentenv.evaluation import main as eval_main
+    from agentenv.eval_command import main as eval_main
 
     run = fake_run(tmp_path / "run", base, [1])
     out = export(run, tmp_path / "model")
@@ -87,7 +87,7 @@ def test_eval_plays_an_exported_model(base, tmp_path, guess_number):
 
 
 def test_eval_names_the_export_for_a_checkpoint_folder(base, tmp_path, guess_number, capsys):
-    from agentenv.evaluation import main as eval_main
+    from agentenv.eval_command import main as eval_main
 
     run = fake_run(tmp_path / "run", base, [3])
     checkpoint = next((run / "checkpoints").glob("v*"))

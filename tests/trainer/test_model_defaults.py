@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import agentenv
-from agentenv import evaluation
+from agentenv import eval_command
 from agentenv.chat import ChatRenderer
 from agentenv.errors import ConfigError
 from agentenv.models import chat_template
@@ -78,9 +78,9 @@ def test_chat_template_kwargs_reach_the_renderer(monkeypatch):
 
 
 def test_agentenv_eval_reads_chat_template_kwargs():
-    args = evaluation._parser().parse_args(["--env", "alfworld", "--chat-template-kwarg", "enable_thinking=false",
+    args = eval_command._parser().parse_args(["--env", "alfworld", "--chat-template-kwarg", "enable_thinking=false",
                                             "--chat-template-kwarg", "depth=2"])
-    assert evaluation.template_kwargs(args) == {"enable_thinking": False, "depth": 2}
-    bad = evaluation._parser().parse_args(["--env", "alfworld", "--chat-template-kwarg", "enable_thinking"])
+    assert eval_command.template_kwargs(args) == {"enable_thinking": False, "depth": 2}
+    bad = eval_command._parser().parse_args(["--env", "alfworld", "--chat-template-kwarg", "enable_thinking"])
     with pytest.raises(ConfigError, match="expected KEY=VALUE"):
-        evaluation.template_kwargs(bad)
+        eval_command.template_kwargs(bad)

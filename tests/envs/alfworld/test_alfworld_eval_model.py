@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("alfworld", reason="the alfworld package is not installed (scripts/install_alfworld.sh)")
 
-from agentenv.evaluation import main  # noqa: E402
+from agentenv.eval_command import main  # noqa: E402
 
 pytestmark = [pytest.mark.alfworld, pytest.mark.slow]
 
