@@ -221,7 +221,8 @@ def protocol(args: argparse.Namespace, kwargs: Mapping[str, Any], tasks: str) ->
     """How ``agentenv eval`` plays its episodes, as written in the report (and compared by ``--resume``)."""
     sampling = "greedy" if args.temperature <= 0 else f"temperature {args.temperature}, top_p {args.top_p}"
     return {"sampling": sampling, "samples_per_task": args.samples_per_game, "tasks": tasks,
-            "max_turns": args.max_steps or DEFAULT_MAX_STEPS, "max_new_tokens_per_turn": args.max_new_tokens,
+            "max_turns": args.max_steps or f"the env's own, at most {DEFAULT_MAX_STEPS}",
+            "max_new_tokens_per_turn": args.max_new_tokens,
             "max_total_tokens": args.max_total_tokens or "model context", "seed": args.seed,
             "env_kwargs": json.loads(json.dumps(dict(kwargs), default=str))}
 

@@ -42,6 +42,7 @@ def test_the_default_protocol_is_the_held_out_one_and_the_report_states_it(guess
     proto = report["protocol"]
     assert (proto["sampling"], proto["samples_per_task"], proto["tasks"]) == ("greedy", 1, "first 3 of 3 tasks")
     assert proto["max_new_tokens_per_turn"] == 256 and proto["max_total_tokens"] == "model context"
+    assert proto["max_turns"] == "the env's own, at most 50"
     assert set(engine.temperatures) == {0.0} and report["complete"] is True
     episodes = report["episodes"]
     assert [e["game"] for e in episodes] == ["secret-1", "secret-2", "secret-3"]  # one sample each
