@@ -32,7 +32,7 @@ from agentenv.evaluation import (
     seed_jobs,
     write_report,
 )
-from agentenv.output_folders import EVALUATION, claim_folder
+from agentenv.output_folders import EVALUATION, claim_folder, folder_name
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -81,7 +81,8 @@ def _parser() -> argparse.ArgumentParser:
                    "alfworld data folder, default <data>/alfworld)")
     p.add_argument("--transcripts", type=int, default=10, help="keep the transcript of the first N episodes in "
                    "report.json (default %(default)s)")
-    p.add_argument("--out", default="runs/eval", help="folder for report.json, report.txt and episodes.jsonl")
+    p.add_argument("--out", default=None, help="folder for report.json, report.txt and episodes.jsonl (default: "
+                   "runs/eval/<env>[_<split>], e.g. runs/eval/alfworld_valid_unseen)")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier evaluation in --out (never a "
                    "folder that is not one)")
     p.add_argument("--resume", action="store_true", help="continue the evaluation in --out: play only the "
@@ -298,6 +299,7 @@ async def _run(args: argparse.Namespace) -> tuple[EvalReport, list[EpisodeResult
         jobs = seed_jobs(seeds, samples_per_game=args.samples_per_game, transcripts=args.transcripts)
         shown, kinds = f"seeds {seeds.start}:{seeds.stop}", [""]
     proto = protocol(args, kwargs, shown)
+    args.out = args.out or str(Path("runs", "eval", folder_name(args.env, split)))
     out = claim_folder(args.out, EVALUATION, overwrite=args.overwrite, resume=args.resume)  # input checked first
     log = EpisodeLog(out, proto, resume=args.resume)
     done = log.keys()
@@ -358,7 +360,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"agentenv eval: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"\nagentenv eval: stopped; the episodes that ended are in {Path(args.out) / 'episodes.jsonl'} "
+        print(f"\nagentenv eval: stopped; the episodes that ended are in {Path(args.out or '.') / 'episodes.jsonl'} "
               "(the same command with --resume plays the rest)", file=sys.stderr)
         return 130
     print(format_table(report))

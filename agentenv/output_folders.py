@@ -14,6 +14,7 @@ nothing in it is touched.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +53,17 @@ EVALUATION = FolderKind("evaluation", "report.json", ("protocol", "overall"), "-
 """A folder of ``agentenv eval`` (its ``report.json``)."""
 EXPORT = FolderKind("exported model", "agentenv_export.json", ("run", "version"), "--out")
 """A folder of ``agentenv export`` (its ``agentenv_export.json``)."""
+
+
+def folder_name(*parts: str) -> str:
+    """A folder name of ids and labels: the non-empty ``parts`` joined by ``_``, other than ``[A-Za-z0-9._-]`` as ``_``.
+
+    >>> folder_name("reasoning_gym_tool/gcd")
+    'reasoning_gym_tool_gcd'
+    >>> folder_name("alfworld", "valid_unseen")
+    'alfworld_valid_unseen'
+    """
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", "_".join(p for p in parts if p)).strip("_.")
 
 
 def _protected(folder: Path) -> str | None:

@@ -131,3 +131,10 @@ def test_bad_input_writes_no_folder(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     assert main(["--split", "valid_train", "--no-progress"]) == 2
     assert not (tmp_path / "runs").exists()
+
+
+def test_the_default_folder_is_named_after_the_env(guess_number, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    use_engine(monkeypatch, ScriptedEngine(["1"]))
+    assert main(["--env", guess_number, "--env-arg", "high=2", "--no-progress"]) == 0
+    assert (tmp_path / "runs" / "eval" / "examples_GuessNumber-v0" / "report.json").is_file()

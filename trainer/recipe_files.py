@@ -10,12 +10,12 @@ naming what was looked for and what exists.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
 from agentenv.configio import read_yaml
 from agentenv.errors import ConfigError, EnvNotFound
+from agentenv.output_folders import folder_name
 from agentenv.registration import registry, spec
 
 RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"
@@ -98,7 +98,7 @@ def run_folder_for(env_id: str) -> str:
     >>> run_folder_for("reasoning_gym_tool/gcd")
     'runs/reasoning_gym_tool_gcd'
     """
-    return "runs/" + re.sub(r"[^A-Za-z0-9._-]+", "_", env_id).strip("_.")
+    return f"runs/{folder_name(env_id)}"
 
 
 def recipe_data(recipe: str | None, env_id: str | None = None, *, recipes_dir: Path = RECIPES_DIR) -> dict[str, Any]:
