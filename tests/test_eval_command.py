@@ -138,3 +138,52 @@ def test_the_default_folder_is_named_after_the_env(guess_number, monkeypatch, tm
     use_engine(monkeypatch, ScriptedEngine(["1"]))
     assert main(["--env", guess_number, "--env-arg", "high=2", "--no-progress"]) == 0
     assert (tmp_path / "runs" / "eval" / "examples_GuessNumber-v0" / "report.json").is_file()
+
+
+_INTERRUPTED = """
+import asyncio, sys
+sys.path.insert(0, {repo!r}); sys.path.insert(0, {plugin!r})
+import agentenv_guess_number; agentenv_guess_number.register_envs()
+from agentenv import eval_command
+from tests.fakes import CharRenderer, ScriptedEngine
+
+class Slow(ScriptedEngine):
+    async def generate(self, prompt_ids, params):
+        if len(self.calls) >= 2:  # the first episode wins at once; then every reply waits
+            print("first episode done", flush=True)
+            await asyncio.sleep(60)
+        return await super().generate(prompt_ids, params)
+
+eval_command._build_engine = lambda args: (Slow(["1"]), CharRenderer())
+sys.exit(eval_command.main(["--env", "examples/GuessNumber-v0", "--env-arg", "high=3", "--no-progress",
+                            "--concurrency", "1", "--out", {out!r}]))
+"""
+
+
+def test_ctrl_c_keeps_the_episodes_that_ended_and_resume_plays_the_rest(guess_number, monkeypatch, tmp_path):
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    out = tmp_path / "eval"
+    code = _INTERRUPTED.format(repo=str(repo), plugin=str(repo / "examples" / "guess_number"), out=str(out))
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "first episode done"
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=10)
+    assert proc.returncode == 130 and "--resume plays the rest" in err and "Traceback" not in err
+    assert [json.loads(x)["game"] for x in (out / "episodes.jsonl").read_text().splitlines()] == ["secret-1"]
+    engine = CountingEngine(["1"])
+    use_engine(monkeypatch, engine)
+    assert main(["--env", guess_number, "--env-arg", "high=3", "--no-progress", "--concurrency", "1",
+                 "--out", str(out), "--resume"]) == 0
+    assert [e["game"] for e in json.loads((out / "report.json").read_text())["episodes"]] == [
+        "secret-1", "secret-2", "secret-3"]
+    assert len(engine.temperatures) == 14  # only secrets 2 and 3 played again, 7 guesses each
