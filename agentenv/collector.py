@@ -418,7 +418,7 @@ class RolloutCollector:
         try:
             samples = await run_episode_samples(self._envs[slot], self._engine, self._renderer, self._cfg,
                                                 seed=group.seed, version_fn=self._version_fn,
-                                                sampling_seed=None and derive_seed(group.seed, group.play, m,
+                                                sampling_seed=derive_seed(group.seed, group.play, m,
                                                                           group.failures[m]))
         except asyncio.CancelledError:
             if not group.dropped:
