@@ -177,7 +177,10 @@ async def test_a_run_whose_episodes_all_fail_stops_with_the_error():
     from agentenv.trainer.recipe import failure_limit, next_batch
 
     cfg, _ = parse_args(["run.concurrency=2"])
-    collector = SimpleNamespace(failure_streak=failure_limit(2), last_error="sandbox: no such image")
+    from agentenv.collector import NoUpdateWatch
+
+    collector = SimpleNamespace(failure_streak=failure_limit(2), last_error="sandbox: no such image",
+                                no_update_watch=lambda: NoUpdateWatch(300.0, lambda: "no episodes"))
     learner = SimpleNamespace(score=None)
     with pytest.raises(AgentEnvError, match=r"last 16 episodes all failed.*no such image"):
         await asyncio.wait_for(next_batch([], learner, cfg, asyncio.Event(), print, collector), 5)
