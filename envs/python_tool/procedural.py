@@ -53,7 +53,8 @@ _TOOL_ARITH = (
 
 #: The expressions alone: one kind of prompt, so the success rate the batch-mean baseline estimates is
 #: the same for every prompt of a batch (with tool_arith's two kinds, at 4% and 37% before training,
-#: every LCM rollout got the expressions' higher baseline subtracted; README, "A learning demonstration").
+#: every LCM rollout got the expressions' higher baseline subtracted; BENCHMARKS.md, "Learning: variants
+#: of the default recipe").
 _TOOL_EXPR = _TOOL_ARITH[1:]
 
 PROCEDURAL_SETS: dict[str, ProceduralSet] = {

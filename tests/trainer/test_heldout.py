@@ -84,7 +84,7 @@ async def test_the_default_recipe_holds_out_200_procedural_tasks_disjoint_from_t
 
 
 async def test_the_shipped_cpu_recipe_holds_out_the_first_200_tool_expr_eval_problems_in_order():
-    """The README's figures were measured on these 200 problems, in this order."""
+    """BENCHMARKS.md's learning figures were measured on these 200 problems, in this order."""
     cfg, _ = parse_args(["--recipe", "python_tool_cpu"])
     factory, tasks = await held_out_tasks(cfg)
     assert tasks.ids == tuple(p.id for p in load_math("tool_expr_eval")[:200])
