@@ -21,7 +21,9 @@ from agentenv.trainer.warmup import WarmupConfig
 class EnvConfig:
     """Which environment, built with which constructor arguments; the trainer knows no env by name."""
 
-    MOVED_FIELDS: ClassVar[dict[str, str]] = {  # config.yaml of runs from before the task contract (issue 13)
+    # Constructor arguments that a config.yaml may set as env fields, with where each belongs: the
+    # unknown-field ConfigError of agentenv.configio.load_config names it.
+    MOVED_FIELDS: ClassVar[dict[str, str]] = {
         "dataset": "env.kwargs.dataset",
         "eval_dataset": "env.eval_kwargs.dataset",
         "max_problem_chars": "env.kwargs.max_problem_chars",

@@ -1,4 +1,5 @@
-"""A run folder written before the environment task contract (issue 13) gives an error that says what moved."""
+"""A run folder whose config.yaml sets constructor arguments as env fields gives an error that says
+where each goes."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ from agentenv.errors import ConfigError
 from agentenv.trainer.recipe import resumed_config
 
 
-def test_resume_of_a_pre_task_contract_run_names_the_file_and_where_the_fields_went(tmp_path: Path) -> None:
-    # env section as `agentenv train` wrote it before env.kwargs existed (runs of 2026-11)
+def test_resume_with_constructor_arguments_as_env_fields_names_the_file_and_where_they_go(tmp_path: Path) -> None:
+    # an env section without env.kwargs: the constructor arguments are env fields
     (tmp_path / "config.yaml").write_text(yaml.safe_dump({"env": {
         "id": "python_tool", "dataset": "tool_arith_train", "eval_dataset": "tool_arith_eval",
         "max_problem_chars": 2000}}))
