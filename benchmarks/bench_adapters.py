@@ -1,4 +1,4 @@
-"""Peers' adapters: each adapter's step against the wrapped environment's own step (issue 13).
+"""Peers' adapters: each adapter's step against the wrapped environment's own step.
 
 For every adapter, two instances play the same games (same seeds, same actions): the peer's env
 driven directly (its own synchronous ``step``, plus ``get_observation`` for TextArena, which is how

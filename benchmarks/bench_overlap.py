@@ -12,7 +12,7 @@ for an even first character. Every batch takes its step (``optim.step_on_zero_gr
 Per mode it prints the update loop's wall-clock, the busy seconds of the engine, the environments
 and the learner (:mod:`agentenv.trainer.overlap`; the learner from ``learner.update`` until the
 engine holds the new weights), the overlap bound ``S / max`` and the overlap achieved ``S / wall``
-with ``S`` the sum of the three, then async/sync wall-clock (issue 12's target: <= 0.67) and the
+with ``S`` the sum of the three, then async/sync wall-clock (target: <= 0.67) and the
 share of the bound the asynchronous run achieved (target: >= 0.9). About a minute on 2 CPU cores:
 
     .venv/bin/python benchmarks/bench_overlap.py [--updates 8] [--tool-latency 0.2] [--hidden 256] [--layers 4]

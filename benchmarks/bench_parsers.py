@@ -1,4 +1,4 @@
-"""Tool-call parser throughput per model family (issue 14): 10,000 replies each.
+"""Tool-call parser throughput per model family: 10,000 replies each.
 
 Each family's replies are written in the exact form its chat template or library renders (the
 forms ``tests/test_tool_formats.py`` checks against the real renderers), mixed as a policy's replies

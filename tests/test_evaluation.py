@@ -224,7 +224,7 @@ def test_main_evaluates_any_env_that_declares_tasks(guess_number, monkeypatch, t
 
 def test_without_max_steps_the_env_keeps_its_own_turn_limit(guess_number, monkeypatch, tmp_path) -> None:
     """No ``--max-steps``: GuessNumber's own ``max_turns=7`` ends a game that never guesses right after 7 guesses
-    (not the rollout's cap of 50, which used to be passed on to the env)."""
+    (not the rollout's cap of 50, which is not passed on to the env)."""
     from agentenv import eval_command
 
     assert eval_command.env_kwargs(eval_command._parser().parse_args(["--env", guess_number])) == {}
