@@ -150,20 +150,30 @@ def load_policy(
     return model, tokenizer, renderer
 
 
-def warmup_cache_key(cfg: TrainConfig) -> str:
+def warmup_cache_key(cfg: TrainConfig, renderer: ChatRenderer) -> str:
     """The warm-up's cache key (12 hex digits): model, warm-up settings and the env's demonstrations.
 
-    The env part is its ``demonstrations_tag`` (default: the entry point's qualified name);
-    ``python_tool``'s is empty, so its key is the one warm-ups were cached under before
-    demonstrations became an environment hook.
+    The env part is its ``demonstrations_tag`` (default: the entry point's qualified name;
+    ``python_tool``'s is empty). What changes how the demonstrations render is in the key too, only
+    when it is not the default, so that the CPU default's key stays the same: the chat-template
+    variables (``model.chat_template_kwargs``) when any are set, and the tool-call family of the chat
+    template (``renderer.tool_parser_name``) when it is one other than ``hermes`` (a template that
+    implies none renders Hermes calls too).
+
+    Args:
+        cfg: The run's config.
+        renderer: The policy's renderer, the one the demonstrations are rendered with.
     """
     entry = spec(cfg.env.id).load()
     tag = getattr(entry, "demonstrations_tag", None)
     if tag is None:
         tag = f"{entry.__module__}.{getattr(entry, '__qualname__', type(entry).__qualname__)}"
     parts: list[Any] = [cfg.model.name, to_dict(cfg.warmup), 3] + ([tag] if tag else [])
-    if cfg.model.chat_template_kwargs:  # they change how the demonstrations render (keys of before kept)
+    if cfg.model.chat_template_kwargs:
         parts.append({"chat_template_kwargs": dict(cfg.model.chat_template_kwargs)})
+    family = renderer.tool_parser_name
+    if family not in (None, "hermes"):
+        parts.append({"tool_call_family": family})
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:12]
 
 
@@ -178,7 +188,7 @@ def warmed_up(cfg: TrainConfig, model: torch.nn.Module, tokenizer: Any, renderer
     """
     from agentenv.trainer.warmup import sft_warmup
 
-    folder = cache_dir("warmup", warmup_cache_key(cfg))
+    folder = cache_dir("warmup", warmup_cache_key(cfg, renderer))
     weights = folder / "model.pt"
     if weights.is_file():
         model.load_state_dict(torch.load(weights, map_location="cpu"))

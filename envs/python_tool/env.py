@@ -83,7 +83,7 @@ class PythonToolEnv(Env[str, str]):
     timing_info_keys: ClassVar[tuple[str, ...]] = ("sandbox_s", "grading_s")
     observation_space = UnicodeText(1 << 17)
     action_space = UnicodeText(1 << 16)
-    demonstrations_tag: ClassVar[str | None] = ""  # keeps the cache key warm-ups had before the hook existed
+    demonstrations_tag: ClassVar[str | None] = ""  # adds nothing to the warm-up cache key (the CPU default's)
     #: Expected seconds of one turn (a reply generated on a CPU engine and its tool call): the unit
     #: of the episode deadline.
     expected_turn_s: ClassVar[float] = 15.0

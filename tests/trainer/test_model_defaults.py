@@ -74,7 +74,8 @@ def test_chat_template_kwargs_reach_the_renderer(monkeypatch):
     off = ChatRenderer(tok, THINKING, template_kwargs=cfg.model.chat_template_kwargs).initial_prompt("hi")
     assert off[: len(on)] == on and tok.decode(off[len(on):]) == "<think>\n\n</think>\n\n"
     # the warm-up cache key changes with them (demonstrations render differently), not without them
-    assert setup.warmup_cache_key(cfg) != setup.warmup_cache_key(cfg_of())
+    hermes = ChatRenderer(tok, chat_template())
+    assert setup.warmup_cache_key(cfg, hermes) != setup.warmup_cache_key(cfg_of(), hermes)
 
 
 def test_agentenv_eval_reads_chat_template_kwargs():

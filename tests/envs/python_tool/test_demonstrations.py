@@ -54,11 +54,22 @@ def test_the_hook_is_declared_by_python_tool_only():
     assert not has_scripted_demonstrations(Env) and not has_scripted_demonstrations(lambda: None)
 
 
+#: The warm-up cache key of the CPU default (SmolLM2, Hermes tool calls): the folder its cached warm-up
+#: lies in, so it must not change.
+CPU_DEFAULT_KEY = "6fcd5ba1fd4e"
+
+
+def _renderer(template_extra: str = "") -> ChatRenderer:
+    """The default tool-aware template; ``template_extra`` (a Jinja comment) adds a family's call marker."""
+    return ChatRenderer(smollm_tokenizer(), chat_template() + template_extra)
+
+
 def test_the_warm_up_cache_key_of_the_cpu_default_is_unchanged():
     cfg, _ = parse_args(["--recipe", "python_tool_cpu"])
     before = hashlib.sha256(json.dumps([cfg.model.name, to_dict(cfg.warmup), 3]).encode()).hexdigest()[:12]
-    # the key the warm-up of the CPU default was cached under before the move (a run's cache folder)
-    assert setup.warmup_cache_key(cfg) == before == "6fcd5ba1fd4e"
+    hermes = _renderer()
+    assert hermes.tool_parser_name == "hermes"
+    assert setup.warmup_cache_key(cfg, hermes) == before == CPU_DEFAULT_KEY
 
     # an env with its own demonstrations and the default tag gets a key of its own
     class Other(PythonToolEnv):
@@ -69,6 +80,23 @@ def test_the_warm_up_cache_key_of_the_cpu_default_is_unchanged():
     agentenv.register("tests/OtherTool-v0", Other)
     try:
         other, _ = parse_args(["--recipe", "python_tool_cpu", "--env", "tests/OtherTool-v0"])
-        assert setup.warmup_cache_key(other) != before
+        assert setup.warmup_cache_key(other, hermes) != before
     finally:
         agentenv.registry.pop("tests/OtherTool-v0")
+
+
+def test_the_warm_up_cache_key_names_a_tool_call_family_other_than_hermes():
+    cfg, _ = parse_args(["--recipe", "python_tool_cpu"])
+    renderers = {"mistral": _renderer("{# [TOOL_CALLS] #}"), "llama3_json": _renderer("{# <|python_tag|> #}"),
+                 "deepseek": _renderer("{# tool\u2581calls\u2581begin #}"), "qwen3": _renderer("{# <think> #}")}
+    assert {name: r.tool_parser_name for name, r in renderers.items()} == {n: n for n in renderers}
+    keys = {name: setup.warmup_cache_key(cfg, r) for name, r in renderers.items()}
+    # each family's demonstrations write other call text, so each has a key of its own
+    assert len(set(keys.values())) == len(keys) and CPU_DEFAULT_KEY not in keys.values()
+    expected = [cfg.model.name, to_dict(cfg.warmup), 3, {"tool_call_family": "mistral"}]
+    assert keys["mistral"] == hashlib.sha256(json.dumps(expected).encode()).hexdigest()[:12]
+    # the family is the only difference: the demonstrations of two families differ in their call text
+    encode = lambda s: smollm_tokenizer().encode(s, add_special_tokens=False)  # noqa: E731
+    (hermes_ids, _), = PythonToolEnv.scripted_demonstrations(_renderer(), encode, count=1, seed=0)
+    (mistral_ids, _), = PythonToolEnv.scripted_demonstrations(renderers["mistral"], encode, count=1, seed=0)
+    assert hermes_ids != mistral_ids
