@@ -132,16 +132,9 @@ def env_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         ConfigError: An ``--env-arg`` without ``=`` or with an empty key.
         EnvNotFound: ``--env`` is not registered.
     """
-    import yaml
-
     from agentenv.registration import constructor_parameters, spec
 
-    kwargs: dict[str, Any] = {}
-    for item in args.env_arg:
-        key, eq, value = item.partition("=")
-        if not eq or not key.strip():
-            raise ConfigError(f"--env-arg {item!r}: expected KEY=VALUE")
-        kwargs[key.strip()] = yaml.safe_load(value)
+    kwargs = key_values(args.env_arg, "--env-arg")
     for key, value in (("split", args.split), ("data_root", args.data_root)):
         if value is not None:
             kwargs[key] = value
@@ -158,13 +151,22 @@ def template_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     Raises:
         ConfigError: An item without ``=`` or with an empty key.
     """
+    return key_values(args.chat_template_kwarg, "--chat-template-kwarg")
+
+
+def key_values(items: list[str], flag: str) -> dict[str, Any]:
+    """``KEY=VALUE`` items of a repeated ``flag`` as a dict, each VALUE read as YAML.
+
+    Raises:
+        ConfigError: An item without ``=`` or with an empty key (the message names ``flag``).
+    """
     import yaml
 
     out: dict[str, Any] = {}
-    for item in args.chat_template_kwarg:
+    for item in items:
         key, eq, value = item.partition("=")
         if not eq or not key.strip():
-            raise ConfigError(f"--chat-template-kwarg {item!r}: expected KEY=VALUE")
+            raise ConfigError(f"{flag} {item!r}: expected KEY=VALUE")
         out[key.strip()] = yaml.safe_load(value)
     return out
 
