@@ -1,8 +1,7 @@
 """python_tool's scripted demonstrations (the warm-up's transcripts) and the warm-up's cache key.
 
-Moving the scripted solver from the trainer into the environment (``Env.scripted_demonstrations``)
-must change no token, so that a cached warm-up stays valid: the reference below is the digest of the
-transcripts the code before the move wrote (``trainer/warmup.py`` at commit 02de162).
+The demonstrations must render token for token as the cached warm-up of the CPU default was trained
+on, so that it stays valid: the reference below is the digest of those transcripts.
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ from agentenv.trainer import setup
 from agentenv.trainer.recipe import parse_args
 from tests.smollm_tokenizer import smollm_tokenizer
 
-# -- the reference: the transcripts of the code before the move ------------------------------------
+# -- the reference: the transcripts the cached warm-up was trained on -----------------------------
 # SHA-256 of ``json.dumps([[ids, mask], ...])`` of the transcripts that ``trainer/warmup.py`` at commit
 # 02de162 wrote (``scripted_problem`` + ``build_transcript`` with ``random.Random(seed)``, python_tool's
 # system prompt and tool schema, tool results with 4000 characters kept), SmolLM2 tokenizer and the
