@@ -23,7 +23,7 @@ import torch
 from agentenv.errors import DataError
 from agentenv.trajectory import Trajectory
 
-__all__ = ["PolicyBatch", "build_batch", "shard", "split_micro_batches"]
+__all__ = ["PolicyBatch", "build_batch", "micro_batch_rows", "shard", "split_micro_batches"]
 
 
 @dataclass(frozen=True)
@@ -207,12 +207,49 @@ def split_micro_batches(batch: PolicyBatch, micro_batch_size: int) -> list[Polic
     Raises:
         DataError: ``micro_batch_size < 1``.
     """
-    if micro_batch_size < 1:
-        raise DataError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
-    return [
-        batch.select(slice(s, min(s + micro_batch_size, batch.num_rows)))
-        for s in range(0, batch.num_rows, micro_batch_size)
-    ]
+    return [batch.select(rows) for rows in micro_batch_rows(batch, micro_batch_size)]
+
+
+def micro_batch_rows(
+    batch: PolicyBatch, max_rows: int, max_tokens: int | None = None, prefix: int = 0
+) -> list[list[int]]:
+    """Row indices of each micro-batch: at most ``max_rows`` rows and, given, ``max_tokens`` padded tokens.
+
+    Without ``max_tokens``: consecutive runs of ``max_rows`` rows (as :func:`split_micro_batches`).
+    With it: rows sorted by length (shortest first, ties in row order) and packed greedily, a
+    micro-batch growing while its padded pass, ``rows * (longest row - prefix)`` tokens, stays within
+    ``max_tokens``; so no row is padded beyond the longest row of its own micro-batch, and the pass's
+    size does not grow with B. A row longer than the budget by itself runs alone in its own micro-batch.
+
+    Args:
+        batch: The batch (its ``attention_mask`` gives each row's length in tokens).
+        max_rows: Most rows per micro-batch (>= 1).
+        max_tokens: Most padded tokens per micro-batch pass (>= 1), or None for rows only.
+        prefix: Leading tokens served from a shared KV cache (:mod:`agentenv.trainer.shared_prefix`),
+            not run by the micro-batches and so not counted.
+
+    Returns:
+        Lists of row indices into ``batch``, every row exactly once.
+
+    Raises:
+        DataError: ``max_rows < 1`` or ``max_tokens < 1``.
+    """
+    if max_rows < 1:
+        raise DataError(f"micro_batch_size must be >= 1, got {max_rows}")
+    rows = batch.num_rows
+    if max_tokens is None:
+        return [list(range(s, min(s + max_rows, rows))) for s in range(0, rows, max_rows)]
+    if max_tokens < 1:
+        raise DataError(f"max_tokens_per_micro_batch must be >= 1, got {max_tokens}")
+    lengths = batch.attention_mask.sum(dim=1).tolist()
+    groups: list[list[int]] = []
+    for i in sorted(range(rows), key=lambda r: (lengths[r], r)):
+        own = max(int(lengths[i]) - prefix, 1)
+        if groups and len(groups[-1]) < max_rows and (len(groups[-1]) + 1) * own <= max_tokens:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
 
 
 def shard(batch: PolicyBatch, rank: int, world_size: int) -> PolicyBatch | None:

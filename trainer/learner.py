@@ -30,8 +30,10 @@ import torch
 
 from agentenv.engines.sampling import SamplingTransform, label_logprobs
 from agentenv.errors import ConfigError, DataError
+from agentenv.malloc import release_free_heap
 from agentenv.rollout import is_token_budget_cut
-from agentenv.trainer.batching import PolicyBatch, build_batch, shard, split_micro_batches
+from agentenv.trainer.batching import PolicyBatch, build_batch, micro_batch_rows, shard, split_micro_batches
+from agentenv.trainer.logprob_chunks import DEFAULT_CHUNK_TOKENS, chunked_label_logprobs, split_head
 from agentenv.trainer.lr_schedule import SCHEDULES, apply_optim_settings, build_scheduler, log_applied
 from agentenv.trainer.objectives import (
     ObjectiveStats,
@@ -45,6 +47,7 @@ from agentenv.trainer.objectives import (
     masked_batch_mean_advantages,
     trust_gate,
 )
+from agentenv.trainer.shared_prefix import SharedPrefix
 from agentenv.trajectory import Trajectory
 
 if TYPE_CHECKING:
@@ -89,14 +92,24 @@ class OptimConfig:
         grpo_clip_eps: GRPO/PPO ratio clip epsilon.
         step_on_zero_gradient: Take the optimizer step (and bump the version) even when the batch
             carries no gradient (all rows rejected or zero advantage). Default False: skip it.
-        share_prefix: Run the token prefix that every row of a micro-batch shares (the system prompt
-            and tool schemas; a GRPO group's whole prompt) through the model once per micro-batch
-            and let every row attend to that one KV cache (:func:`shared_prefix_length`). The
-            log-probabilities and the gradient are those of the plain padded pass (the prefix's KV
-            is repeated with autograd, so its gradient is the sum over rows); only the compute
-            shrinks, by about ``(b - 1) * prefix / (b * L)``. Used when a micro-batch holds 2 or
-            more rows sharing at least 16 tokens, for a transformers model without activation
-            checkpointing (whose layers drop the cache); otherwise the plain pass runs.
+        share_prefix: Run the token prefix that every row of the batch shares (the system prompt and
+            tool schemas; a GRPO group's whole prompt) through the model once per step and let every
+            micro-batch attend to that one KV cache (:func:`shared_prefix_length`,
+            :mod:`agentenv.trainer.shared_prefix`); its gradient, summed over the micro-batches, is
+            back-propagated through the prefix once at the end. The log-probabilities and the gradient
+            are those of the plain padded pass; only the compute shrinks, by about
+            ``(B - 1) * prefix / (B * L)``. Used when the batch holds 2 or more rows sharing at least 16
+            tokens, for a transformers model without activation checkpointing (whose layers drop the
+            cache); otherwise the plain pass runs.
+        max_tokens_per_micro_batch: Token budget of one micro-batch's pass (tokens, >= 1), or None
+            (micro-batches of ``micro_batch_size`` consecutive rows). Rows are sorted by length and
+            packed while ``rows * (longest row - shared prefix)`` stays within it (and rows <=
+            ``micro_batch_size``), so activation memory follows this budget, not B or the longest
+            reply; a row longer than the budget runs alone (:func:`agentenv.trainer.batching.micro_batch_rows`).
+        logprob_chunk_tokens: Tokens per vocabulary projection of the log-probabilities (>= 1): no
+            ``(tokens, V)`` float32 logits tensor larger than ``(logprob_chunk_tokens, V)`` is alive
+            (:func:`agentenv.trainer.logprob_chunks.chunked_label_logprobs`, logits recomputed in the
+            backward pass); the values and the gradient do not depend on it.
         gradient_checkpointing: Recompute each decoder layer's activations in the backward pass
             instead of keeping them (transformers' activation checkpointing, non-reentrant):
             activation memory of a row drops from all layers to about one, for one extra forward.
@@ -143,6 +156,8 @@ class OptimConfig:
     step_on_zero_gradient: bool = False
     gradient_checkpointing: bool = False
     share_prefix: bool = True
+    max_tokens_per_micro_batch: int | None = None
+    logprob_chunk_tokens: int = DEFAULT_CHUNK_TOKENS
     truncation: Literal["keep", "mask", "penalty"] = "keep"
     truncation_penalty: float = 1.0
     advantage_clip_negative: bool = False
@@ -173,6 +188,12 @@ class OptimConfig:
                               f"got {self.min_lr_ratio}")
         if self.micro_batch_size < 1:
             raise ConfigError(f"micro_batch_size must be >= 1, got {self.micro_batch_size}")
+        if self.max_tokens_per_micro_batch is not None and self.max_tokens_per_micro_batch < 1:
+            raise ConfigError(f"optim.max_tokens_per_micro_batch must be >= 1 token (or null: rows only), "
+                              f"got {self.max_tokens_per_micro_batch}")
+        if self.logprob_chunk_tokens < 1:
+            raise ConfigError(f"optim.logprob_chunk_tokens must be >= 1 token per vocabulary projection, "
+                              f"got {self.logprob_chunk_tokens}")
         _check_delta(self.delta)
         if self.entropy_keep_fraction is not None:
             _check_fraction(self.entropy_keep_fraction)
@@ -296,6 +317,8 @@ def token_logprobs(
     with_entropy: bool = False,
     sampling: SamplingTransform | None = None,
     share_prefix: bool = False,
+    chunk_tokens: int | None = DEFAULT_CHUNK_TOKENS,
+    prefix: SharedPrefix | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Current log pi(label) at every policy-token label position, and optionally the entropy.
 
@@ -305,25 +328,32 @@ def token_logprobs(
     renormalisation, so the gate and the ratio compare the same distribution. None (the identity:
     temperature 1, no truncation) is plain ``log_softmax``.
 
-    When the model accepts ``logits_to_keep`` (transformers causal LMs), the vocabulary projection
-    runs only at label positions where some row holds a policy token: with prompts and observations
-    making most of a sequence, this skips most of the ``(b, t, V)`` logits, their log-softmax and
-    their gradient (memory and time both shrink by roughly the policy-token share of ``t``); the
-    top-k/top-p sort then also runs only at those ``k`` positions.
+    The vocabulary projection runs only at label positions where some row holds a policy token
+    (``k`` of the ``t`` positions; ``logits_to_keep`` for a model that takes it). For a transformers
+    causal LM whose logits are ``lm_head(hidden)`` (:func:`agentenv.trainer.logprob_chunks.split_head`)
+    it runs ``chunk_tokens`` tokens at a time with the logits recomputed in the backward pass
+    (:func:`agentenv.trainer.logprob_chunks.chunked_label_logprobs`): no ``(b, k, V)`` float32 tensor
+    is ever alive, at most one ``(chunk_tokens, V)`` one.
 
     With ``share_prefix`` (see :attr:`OptimConfig.share_prefix`), the ``n`` leading tokens all rows
     share (:func:`shared_prefix_length`) run once as a ``(1, n)`` pass whose KV cache is repeated to
-    the ``b`` rows, and the rows run only their ``(b, L - n)`` suffixes against it: same values and
-    gradient as the plain pass up to float rounding (checked in ``tests/trainer/test_learner.py``).
+    the ``b`` rows, and the rows run only their ``(b, L - n)`` suffixes against it. ``prefix`` gives
+    that KV cache ready-made (computed once for a whole batch of which ``batch`` is a subset of
+    rows); the gradient then stops at its leaves until :meth:`SharedPrefix.backward`. Either way the
+    values and the gradient are the plain pass's up to float rounding (``tests/trainer/test_learner.py``).
 
     Args:
         model: A causal LM returning ``.logits`` of shape ``(b, L, V)`` (or ``(b, k, V)`` when given
-            ``logits_to_keep`` as a ``(k,)`` index tensor); a DeepSpeed engine wrapping one is fine.
+            ``logits_to_keep`` as a ``(k,)`` index tensor); a DeepSpeed engine wrapping one is fine
+            (scored by its own forward pass, unchunked).
         batch: The (micro-)batch.
         with_entropy: Also return the entropy (nats) of the processed distribution (full vocabulary
             under the identity), computed without gradient.
         sampling: The behaviour transform; None is the identity.
         share_prefix: Serve the shared prefix from one KV cache when the model allows it.
+        chunk_tokens: Tokens per vocabulary projection (> 0); None: one projection of all ``b * k``.
+        prefix: The shared prefix's KV cache for ``batch``'s first ``prefix.length`` tokens (all
+            before the first policy label), or None.
 
     Returns:
         ``(logprobs (b, t) float32 nats, entropy (b, t) float32 or None)``. Values at positions without
@@ -332,46 +362,62 @@ def token_logprobs(
     """
     b, t = batch.labels.shape
     keep = batch.loss_mask.any(dim=0).nonzero().squeeze(1)
-    n = shared_prefix_length(batch) if share_prefix and _can_share_prefix(model) and keep.numel() else 0
-    if n >= MIN_SHARED_PREFIX:
-        logits = _suffix_logits(model, batch, n, keep).float()
-        labels = batch.labels[:, keep]
-    elif _accepts_logits_to_keep(model) and 0 < keep.numel() < t:
-        logits = model(
-            input_ids=batch.input_ids, attention_mask=batch.attention_mask, logits_to_keep=keep
-        ).logits.float()
-        labels = batch.labels[:, keep]
+    if prefix is None and share_prefix and keep.numel():
+        prefix = shared_prefix(model, batch, leaves=False)
+    parts = split_head(model) if chunk_tokens is not None else None
+    if parts is not None:
+        decoder, head = parts
+        if prefix is not None:
+            hidden = _suffix_forward(decoder, batch, prefix).last_hidden_state[:, keep - prefix.length]
+        else:
+            hidden = decoder(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                             use_cache=False).last_hidden_state[:, keep]
+        lp, ent = chunked_label_logprobs(hidden, head, batch.labels[:, keep], sampling, chunk_tokens,
+                                         with_entropy=with_entropy)
     else:
-        keep = None
-        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1].float()
-        labels = batch.labels
-    lp, ent = label_logprobs(logits, labels, sampling, with_entropy=with_entropy)
+        if prefix is not None:
+            logits = _suffix_forward(model, batch, prefix, logits_to_keep=keep - prefix.length).logits
+        elif _accepts_logits_to_keep(model) and 0 < keep.numel() < t:
+            logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, logits_to_keep=keep).logits
+        else:
+            keep = None
+            logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1]
+        labels = batch.labels if keep is None else batch.labels[:, keep]
+        lp, ent = label_logprobs(logits.float(), labels, sampling, with_entropy=with_entropy)
     if keep is not None:
         lp = lp.new_zeros(b, t).index_copy(1, keep, lp)
         ent = None if ent is None else ent.new_zeros(b, t).index_copy(1, keep, ent)
     return lp, ent
 
 
-def _suffix_logits(model: torch.nn.Module, batch: PolicyBatch, n: int, keep: torch.Tensor) -> torch.Tensor:
-    """``(b, k, V)`` logits at label positions ``keep`` (all ``>= n``).
+def shared_prefix(model: torch.nn.Module, batch: PolicyBatch, *, leaves: bool) -> SharedPrefix | None:
+    """The KV cache of ``batch``'s shared prefix (:func:`shared_prefix_length`), or None.
 
-    The shared ``n``-token prefix runs once, its KV cache is repeated to the ``b`` rows
-    (differentiably), then the rows' suffixes run against it.
+    None when the model cannot serve rows from a cache (:func:`_can_share_prefix`) or the prefix is
+    shorter than :data:`MIN_SHARED_PREFIX` tokens (or the batch has one row). ``leaves``: see
+    :class:`agentenv.trainer.shared_prefix.SharedPrefix`.
     """
-    from transformers import DynamicCache
+    if not _can_share_prefix(model):
+        return None
+    n = shared_prefix_length(batch)
+    if n < MIN_SHARED_PREFIX:
+        return None
+    parts = split_head(model)
+    runner = parts[0] if parts is not None else model
+    return SharedPrefix(runner, model.config, batch.input_ids[0, :n], leaves=leaves)
 
+
+def _suffix_forward(model: torch.nn.Module, batch: PolicyBatch, prefix: SharedPrefix, **kw: object) -> object:
+    """``model``'s output on the rows' tokens after the prefix (positions ``n..L-1``), served from its cache."""
     from agentenv.engines.kv_cache import cache_keyword
 
     b, length = batch.input_ids.shape
-    cache_kw = cache_keyword(model)
-    cache = DynamicCache(config=model.config)
-    model(input_ids=batch.input_ids[:1, :n], use_cache=True, logits_to_keep=1, **{cache_kw: cache})
-    cache.batch_repeat_interleave(b)
+    n = prefix.length
     positions = torch.arange(n, length, device=batch.input_ids.device).expand(b, -1)
     return model(
         input_ids=batch.input_ids[:, n:], attention_mask=batch.attention_mask, position_ids=positions,
-        use_cache=True, logits_to_keep=keep - n, **{cache_kw: cache},
-    ).logits
+        use_cache=True, **{cache_keyword(model): prefix.cache(b)}, **kw,
+    )
 
 
 def _can_share_prefix(model: torch.nn.Module) -> bool:
@@ -490,8 +536,8 @@ class Learner:
             batch = build_batch(trajectories, self.pad_token_id)
             for mb in split_micro_batches(batch, self.config.micro_batch_size):
                 mb = mb.to(self.device)
-                lp, _ = token_logprobs(self.model, mb, sampling=self.sampling,
-                                       share_prefix=self.config.share_prefix)
+                lp, _ = token_logprobs(self.model, mb, sampling=self.sampling, share_prefix=self.config.share_prefix,
+                                       chunk_tokens=self.config.logprob_chunk_tokens)
                 for i, (tid, k) in enumerate(zip(mb.ids, mb.source_index, strict=True)):
                     row = lp[i][mb.loss_mask[i]].float().cpu()
                     if not torch.isfinite(row).all():
@@ -522,8 +568,12 @@ class Learner:
     ) -> ObjectiveStats:
         """Accumulate this rank's share of the full-batch gradient into ``.grad`` (no step, no reduce).
 
-        Rows are processed in micro-batches of ``config.micro_batch_size``; the objective uses the
-        global B, T_i and N, so the accumulated gradient does not depend on the split.
+        Rows are processed in micro-batches of at most ``config.micro_batch_size`` rows and, when
+        set, ``config.max_tokens_per_micro_batch`` padded tokens (:func:`micro_batch_rows`); the
+        prefix every row shares runs once before them (``config.share_prefix``) and its gradient is
+        back-propagated once after them. The objective uses the global B, T_i and N, so the
+        accumulated gradient does not depend on the split. glibc's free heap is returned to the
+        operating system before the first micro-batch (:func:`agentenv.malloc.release_free_heap`).
 
         Args:
             batch: From :meth:`prepare` (advantages filled).
@@ -543,18 +593,19 @@ class Learner:
         offset = _shard_offset(batch.num_rows, rank, world)
         adm_mine = admitted[offset : offset + mine.num_rows] if admitted is not None else None
         filt = cfg.entropy_keep_fraction if cfg.objective == "flash_reinforce" else None
-        start = 0
-        for mb in split_micro_batches(mine, cfg.micro_batch_size):
-            n = mb.num_rows
-            adm = adm_mine[start : start + n] if adm_mine is not None else None
-            start += n
+        release_free_heap()  # freed blocks of the last step leave the process before this one's activations
+        prefix = shared_prefix(self.model, mine, leaves=True) if cfg.share_prefix else None
+        n = prefix.length if prefix is not None else 0
+        for rows in micro_batch_rows(mine, cfg.micro_batch_size, cfg.max_tokens_per_micro_batch, n):
+            mb = mine.select(rows)
+            adm = adm_mine[torch.as_tensor(rows)] if adm_mine is not None else None
             if adm is not None and not bool((adm & (mb.advantages != 0)).any()):
                 # No row here carries gradient: skip the forward, keep the bookkeeping.
                 stats = stats + _skipped_stats(mb, adm)
                 continue
             mb = mb.to(self.device)
             lp, ent = token_logprobs(self.model, mb, with_entropy=filt is not None, sampling=self.sampling,
-                                     share_prefix=cfg.share_prefix)
+                                     chunk_tokens=cfg.logprob_chunk_tokens, prefix=prefix)
             if log_ratios is not None:
                 log_ratios.append(policy_log_ratios(lp, mb))
             if cfg.objective == "grpo":
@@ -574,6 +625,9 @@ class Learner:
             if out.loss.requires_grad:
                 out.loss.backward()
             stats = stats + out.stats
+            del lp, ent, out
+        if prefix is not None:
+            prefix.backward()  # the prefix's gradient, summed over every micro-batch, through its one pass
         return stats
 
     # -- the step ---------------------------------------------------------------------------------

@@ -328,8 +328,8 @@ def test_shared_prefix_pass_gives_the_plain_values_and_gradient(arch, monkeypatc
     from agentenv.trainer.learner import shared_prefix_length
 
     calls = []
-    real = learner_module._suffix_logits
-    monkeypatch.setattr(learner_module, "_suffix_logits", lambda *a: calls.append(a[2]) or real(*a))
+    real = learner_module._suffix_forward
+    monkeypatch.setattr(learner_module, "_suffix_forward", lambda *a, **k: calls.append(a[2].length) or real(*a, **k))
 
     trajs = _with_system_prompt(make_trajectories(6, seed=21), 24, seed=21)
     # rows share exactly the 24 system tokens (their own prompts differ right after)
