@@ -1,22 +1,33 @@
-"""Peak resident memory and time of the CPU default's learner update, per memory setting.
+"""Peak memory of one learner step against rows, micro-batch tokens and sequence length.
 
-Each setting runs in its own process (peak RSS only grows within a process) on the real default
-model (SmolLM2-135M-Instruct, float32) and the same synthetic batch: B = 8 trajectories shaped like
-the CPU recipe's (a 200-token prompt, 80 policy tokens, a 30-token observation, 70 policy tokens).
-Four updates are timed (the first creates AdamW's state; the later ones show whether the peak keeps
-growing), each with a scoring pass on another thread first, as in the trainer.
+Each measurement runs in its own process: a random-weight model of the named shape (float32, CPU),
+one warm-up update (AdamW's state is created), glibc's free heap returned, then the peak resident set
+is reset (``/proc/self/clear_refs``) and one more update runs. Reported: ``step MB``, the peak
+resident memory of that update above the memory held before it (weights, gradients' home, AdamW
+state), so the model's own size cancels out; and the largest tensor of vocabulary width that
+autograd kept for the backward pass (``vocab saved MB``: 0 when the logits are recomputed per chunk).
 
 Settings:
 
-* ``full_mb4`` (the baseline: the recipe before this benchmark): micro-batches of 4 rows, logits over
-  the whole vocabulary at every position;
-* ``keep_mb4``: the vocabulary projection only at policy-token positions (``logits_to_keep``);
-* ``keep_mb1``: that, with micro-batches of 1 row (no padding; the CPU recipe's setting);
-* ``keep_mb1_mmap``: that, with glibc's mmap threshold fixed at 1 MiB
-  (:func:`agentenv.malloc.return_freed_memory_to_os`, what ``agentenv train`` does).
+* ``one_pass``: the learner before token budgets and chunking: ``micro_batch_size`` 16 rows per pass
+  (each padded to the longest), the shared prefix served inside the pass, logits of every policy
+  token kept for the backward pass (the chunked path switched off);
+* ``budget``: micro-batches of at most ``max_tokens_per_micro_batch`` tokens (rows sorted by length),
+  the prefix run once per step, log-probabilities in chunks of ``logprob_chunk_tokens`` (1024 for
+  ``rows`` and ``budget``, 512 for ``long``).
 
-Printed: seconds per update (scoring pass excluded) and peak RSS after each update (GB), and both
-as ratios to the baseline. Usage::
+Tables:
+
+* ``rows``: B recipe-shaped rows (a 250-token shared system prompt, then 30 prompt, 90 policy,
+  30 observation and 60 policy tokens, lengths varied by up to 25%), SmolLM2-shaped model cut to 4
+  layers (V = 49152): ``one_pass`` grows with B up to 16 rows; ``budget`` (1024 tokens) stays flat.
+* ``budget``: B = 16 of those rows at budgets 512, 1024 and 2048 tokens: linear in the micro-batch's tokens.
+* ``long``: one row of T tokens (all but 16 of them policy tokens) on a Qwen2.5-7B-shaped model
+  (V = 152064, head size 128, 7 query heads per key/value head, MLP 5.29 x width) cut to width
+  ``h`` and ``n`` layers. The per-token bytes of a layer and of the rest, fitted over two depths and
+  two widths, extrapolate the step at the full shape (width 3584, 28 layers) and T = 16384.
+
+Usage (about 15 minutes on 2 busy CPU cores, under 3 GB)::
 
     .venv/bin/python benchmarks/bench_learner_memory.py
 """
@@ -25,86 +36,150 @@ from __future__ import annotations
 
 import json
 import random
-import resource
-import statistics
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 
-SETTINGS = {"full_mb4": (False, 4, False), "keep_mb4": (True, 4, False), "keep_mb1": (True, 1, False),
-            "keep_mb1_mmap": (True, 1, True)}
-UPDATES = 4
+QWEN7B = {"vocab": 152064, "hidden": 3584, "layers": 28, "heads": 28, "kv_heads": 4, "mlp": 18944}
 
 
-def _trajectory(seed: int):
+def _rss(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def _model(shape: dict):
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    cfg = transformers.Qwen2Config(
+        vocab_size=shape["vocab"], hidden_size=shape["hidden"], intermediate_size=shape["mlp"],
+        num_hidden_layers=shape["layers"], num_attention_heads=shape["heads"],
+        num_key_value_heads=shape["kv_heads"], max_position_embeddings=32768, tie_word_embeddings=True,
+    )
+    return transformers.Qwen2ForCausalLM(cfg).float()
+
+
+def _rows(spec: dict, seed: int):
     from agentenv.trajectory import Trajectory
 
     rng = random.Random(seed)
-    draw = lambda n: [rng.randrange(1000, 40000) for _ in range(n)]  # noqa: E731
-    t = Trajectory(start_version=0)
-    t.append_environment_tokens(draw(200))
-    t.append_policy_tokens(draw(80), [-1.0] * 80, 0, 0)
-    t.append_environment_tokens(draw(30))
-    t.append_policy_tokens(draw(70), [-1.0] * 70, 0, 0)
-    t.completion_version = 0
-    t.reward = float(seed % 2)
-    return t
+    system = [rng.randrange(1000, 40000) for _ in range(spec.get("prefix", 0))]
+    out = []
+    for i in range(spec["rows"]):
+        draw = lambda n: [rng.randrange(1000, 40000) for _ in range(n)]  # noqa: E731
+        vary = lambda n: max(1, round(n * rng.uniform(0.75, 1.25)))  # noqa: E731
+        t = Trajectory(id=f"r{i}", start_version=0)
+        if spec.get("long"):
+            t.append_environment_tokens(draw(16))
+            t.append_policy_tokens(draw(spec["long"] - 16), [-1.0] * (spec["long"] - 16), 0, 0)
+        else:
+            t.append_environment_tokens(system + draw(30))
+            for turn, n in enumerate((vary(90), vary(30), vary(60))):
+                if turn == 1:
+                    t.append_environment_tokens(draw(n))
+                else:
+                    t.append_policy_tokens(draw(n), [-1.0] * n, turn // 2, 0)
+        t.completion_version = 0
+        t.reward = float(i % 2)
+        out.append(t)
+    return out
 
 
-def run_one(name: str) -> dict:
-    """Two updates under setting ``name``; returns seconds and peak RSS (GB) per update."""
+def run_one(spec: dict) -> dict:
+    """One measurement (see the module docstring); ``spec`` names the shape, rows and setting."""
     import torch
 
-    from agentenv.models import load_model_and_tokenizer
+    from agentenv.malloc import release_free_heap, return_freed_memory_to_os
+    from agentenv.trainer import learner as learner_module
     from agentenv.trainer.learner import Learner, OptimConfig
 
-    keep, micro, mmap = SETTINGS[name]
-    if mmap:
-        from agentenv.malloc import return_freed_memory_to_os
+    return_freed_memory_to_os(256 << 10, 1)  # freed blocks leave at once: resident memory tracks live tensors
+    torch.set_num_threads(2)
+    model = _model(spec["shape"])
+    if spec["setting"] == "one_pass":
+        learner_module.split_head = lambda model: None  # the model's own forward: logits kept for backward
+        cfg = OptimConfig(micro_batch_size=16, lr=1e-6, delta=10.0)
+    else:
+        cfg = OptimConfig(micro_batch_size=1024, max_tokens_per_micro_batch=spec["budget"], lr=1e-6, delta=10.0,
+                          logprob_chunk_tokens=spec["chunk"])
+    learner = Learner(model, cfg)
+    learner.update(_rows(spec, 1))  # AdamW's state
+    rows = _rows(spec, 2)
+    vocab = spec["shape"]["vocab"]
+    largest = [0]
 
-        return_freed_memory_to_os()
-    model, _ = load_model_and_tokenizer(None)
-    if not keep:
-        inner = model
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if t.dim() >= 2 and t.shape[-1] == vocab and t.data_ptr() != model.lm_head.weight.data_ptr():
+            largest[0] = max(largest[0], t.numel() * t.element_size())
+        return t
 
-        class FullLogits(torch.nn.Module):  # hides logits_to_keep: the whole (b, L, V) projection
-            def __init__(self) -> None:
-                super().__init__()
-                self.inner = inner
+    release_free_heap()
+    base = _rss("VmRSS")
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # resets VmHWM, the peak resident set, to the current one
+    t0 = time.perf_counter()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        learner.update(rows)
+    return {**spec, "seconds": time.perf_counter() - t0, "step_mb": (_rss("VmHWM") - base) / 1e6,
+            "base_mb": base / 1e6, "vocab_saved_mb": largest[0] / 1e6}
 
-            def forward(self, input_ids, attention_mask):
-                return self.inner(input_ids=input_ids, attention_mask=attention_mask)
 
-        model = FullLogits()
-    learner = Learner(model, OptimConfig(micro_batch_size=micro, lr=1e-6, delta=10.0))
-    out = {"setting": name, "seconds": [], "peak_rss_gb": []}
-    scorer = ThreadPoolExecutor(1)
-    for i in range(UPDATES):
-        batch = [_trajectory(100 * i + k) for k in range(8)]
-        scores = scorer.submit(learner.score, batch).result()
-        t0 = time.perf_counter()
-        learner.update(batch, scores=scores)
-        out["seconds"].append(time.perf_counter() - t0)
-        out["peak_rss_gb"].append(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9)
-    return out
+def _measure(spec: dict) -> dict:
+    done = subprocess.run([sys.executable, __file__, "--one", json.dumps(spec)], capture_output=True, text=True,
+                          check=True, timeout=600)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _cut(hidden: int, layers: int) -> dict:
+    """The Qwen2.5-7B shape at width ``hidden`` (head size 128) and ``layers`` layers."""
+    kv = max(1, hidden // (128 * 7))
+    return {"vocab": QWEN7B["vocab"], "hidden": hidden, "layers": layers, "heads": 7 * kv, "kv_heads": kv,
+            "mlp": round(hidden * QWEN7B["mlp"] / QWEN7B["hidden"])}
 
 
 def main() -> None:
     if len(sys.argv) == 3 and sys.argv[1] == "--one":
-        print(json.dumps(run_one(sys.argv[2])))
+        print(json.dumps(run_one(json.loads(sys.argv[2]))))
         return
-    rows = []
-    for name in SETTINGS:
-        done = subprocess.run([sys.executable, __file__, "--one", name], capture_output=True, text=True, check=True)
-        rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
-    base = rows[0]
-    steady = lambda r: statistics.median(r["seconds"][1:])  # noqa: E731 (the first update builds AdamW state)
-    print(f"{'setting':<14} {'update s':>9} {'peak RSS GB per update':>32} {'time ratio':>11} {'peak ratio':>11}")
-    for r in rows:
-        peaks = " ".join(f"{p:.2f}" for p in r["peak_rss_gb"])
-        print(f"{r['setting']:<14} {steady(r):>9.1f} {peaks:>32} {steady(r) / steady(base):>11.2f} "
-              f"{r['peak_rss_gb'][-1] / base['peak_rss_gb'][-1]:>11.2f}")
+    smol4 = {"vocab": 49152, "hidden": 576, "layers": 4, "heads": 9, "kv_heads": 3, "mlp": 1536}
+    print("rows: B recipe-shaped rows (~460 tokens, 250 shared), SmolLM2 shape cut to 4 layers")
+    print(f"{'setting':<10} {'B':>4} {'budget':>7} {'step MB':>9} {'vocab saved MB':>15} {'s':>6}")
+    table = [{"setting": "one_pass", "rows": b, "budget": 0} for b in (4, 8, 16)]
+    table += [{"setting": "budget", "rows": b, "budget": 1024} for b in (4, 16, 32)]
+    table += [{"setting": "budget", "rows": 16, "budget": t} for t in (512, 2048)]
+    for spec in table:
+        r = _measure({**spec, "shape": smol4, "prefix": 250, "chunk": 1024})
+        print(f"{r['setting']:<10} {r['rows']:>4} {r['budget'] or '-':>7} {r['step_mb']:>9.0f} "
+              f"{r['vocab_saved_mb']:>15.0f} {r['seconds']:>6.1f}")
+    print("\nlong: one row of T tokens, Qwen2.5-7B shape (V 152064) cut to width h and n layers")
+    print(f"{'setting':<10} {'h':>5} {'n':>3} {'T':>6} {'step MB':>9} {'vocab saved MB':>15} {'s':>6}")
+    fit: dict[tuple[int, int], float] = {}
+    runs = [("one_pass", 256, 1, t) for t in (512, 1024)]
+    runs += [("budget", h, n, t) for h in (256, 512) for n in (1, 2) for t in (512, 1024)]
+    runs += [("budget", 256, 1, 2048)]
+    for setting, h, n, t in runs:
+        r = _measure({"setting": setting, "rows": 1, "long": t, "budget": 1 << 20, "shape": _cut(h, n), "chunk": 512})
+        print(f"{setting:<10} {h:>5} {n:>3} {t:>6} {r['step_mb']:>9.0f} {r['vocab_saved_mb']:>15.0f} "
+              f"{r['seconds']:>6.1f}")
+        if setting == "budget" and t in (512, 1024):
+            fit[(h, n, t)] = r["step_mb"]
+    # bytes per token: of one layer (depth slope) and of everything else, each linear in the width
+    per_token = {key: (fit[(*key, 1024)] - fit[(*key, 512)]) / 512 for key in {(h, n) for h, n, _ in fit}}
+    layer = {h: per_token[(h, 2)] - per_token[(h, 1)] for h in (256, 512)}
+    rest = {h: per_token[(h, 1)] - layer[h] for h in (256, 512)}
+    lin = lambda f, w: f[256] + (f[512] - f[256]) * (w - 256) / 256  # noqa: E731
+    full_per_token = QWEN7B["layers"] * lin(layer, QWEN7B["hidden"]) + lin(rest, QWEN7B["hidden"])
+    intercept = fit[(256, 1, 512)] - 512 * per_token[(256, 1)]
+    print(f"\nper token: {1e6 * layer[256]:.0f} / {1e6 * layer[512]:.0f} B a layer at width 256 / 512, "
+          f"{1e6 * rest[256]:.0f} / {1e6 * rest[512]:.0f} B the rest")
+    print(f"extrapolated, width 3584, 28 layers, float32, T = 16384: step {16384 * full_per_token / 1e3:.1f} GB "
+          f"+ {intercept:.0f} MB fixed (one 512-token logits chunk); the T x V float32 logits alone would be "
+          f"{16384 * QWEN7B['vocab'] * 4 / 1e9:.1f} GB")
 
 
 if __name__ == "__main__":
