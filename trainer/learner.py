@@ -739,10 +739,19 @@ class Learner:
                 temporary file in the same folder, then rename) and returns the path (vLLM loads
                 files, not tensors).
 
+        Tied tensors (``lm_head.weight`` sharing ``model.embed_tokens.weight``) are copied once: in
+        the state dict every name of a tied group maps to that one copy; the file holds the first
+        name only (what :func:`agentenv.engines.weights.check_state_dict` needs).
+
         Returns:
             The state dict or the file path.
         """
-        sd = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in self.model.state_dict().items()}
+        sd: dict[str, torch.Tensor] = {}
+        copies: dict[tuple, str] = {}  # (address, shape, strides) of a model tensor -> its first name
+        for k, v in self.model.state_dict().items():
+            where = (v.device, v.data_ptr(), tuple(v.shape), v.stride())
+            first = copies.setdefault(where, k)
+            sd[k] = sd[first] if first != k else v.detach().to("cpu", copy=True).contiguous()
         if path is None:
             return sd
         from safetensors.torch import save_file
@@ -750,7 +759,7 @@ class Learner:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.tmp")
-        save_file(sd, str(tmp), metadata={"version": str(self.version)})
+        save_file({k: sd[k] for k in copies.values()}, str(tmp), metadata={"version": str(self.version)})
         tmp.replace(path)
         return path
 

@@ -90,6 +90,16 @@ def row(cache: DynamicCache, index: int, length: int, config: object) -> Dynamic
     return out
 
 
+def nbytes(cache: DynamicCache) -> int:
+    """Bytes held by the keys and values of every layer of ``cache``."""
+    return sum(
+        t.numel() * t.element_size()
+        for layer in cache.layers
+        for t in (layer.keys, layer.values)
+        if isinstance(t, torch.Tensor)
+    )
+
+
 def attention_mask(real_lengths: Sequence[int], total: int, device: torch.device) -> torch.Tensor:
     """``(B, total)`` long mask: row ``i`` is 0 on its ``total - real_lengths[i]`` pad columns, 1 after."""
     n = torch.tensor(list(real_lengths), device=device)

@@ -104,6 +104,10 @@ class SharedPrefix:
         self.ids, self.cache, self.version = ids[:n], kept, version
 
 
+#: Default byte bound of the turn cache: about 11k tokens of SmolLM2-135M's float32 KV (46 kB a token).
+TURN_CACHE_BYTES = 512 << 20
+
+
 class TurnCache:
     """KV caches of finished replies, so that an episode's next turn prefills only what was appended.
 
@@ -116,24 +120,35 @@ class TurnCache:
 
     Args:
         capacity: Caches kept (the oldest is dropped first); 0 disables the cache.
+        max_bytes: Most bytes of keys and values kept over all caches (the oldest dropped first); a
+            cache larger than this alone is not kept. None: no byte bound.
+
+    Attributes:
+        nbytes: Bytes of keys and values now kept.
     """
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, max_bytes: int | None = None) -> None:
         self.capacity = capacity
-        self._entries: collections.OrderedDict[tuple[int, ...], tuple[DynamicCache, int]] = collections.OrderedDict()
+        self.max_bytes = max_bytes
+        self.nbytes = 0
+        self._entries: collections.OrderedDict[tuple[int, ...], tuple[DynamicCache, int, int]] = (
+            collections.OrderedDict()
+        )
 
     def __len__(self) -> int:
         return len(self._entries)
 
     def put(self, ids: Sequence[int], cache: DynamicCache, version: int) -> None:
         """Keep ``cache`` (one row holding exactly ``ids``) computed under ``version``."""
-        if self.capacity <= 0:
+        size = kv_cache.nbytes(cache)
+        if self.capacity <= 0 or (self.max_bytes is not None and size > self.max_bytes):
             return
         key = tuple(ids)
-        self._entries[key] = (cache, version)
-        self._entries.move_to_end(key)
-        while len(self._entries) > self.capacity:
-            self._entries.popitem(last=False)
+        self._drop(key)
+        self._entries[key] = (cache, version, size)
+        self.nbytes += size
+        while len(self._entries) > self.capacity or (self.max_bytes is not None and self.nbytes > self.max_bytes):
+            self._drop(next(iter(self._entries)))
 
     def take(self, ids: Sequence[int], version: int) -> tuple[DynamicCache, int] | None:
         """The longest kept cache of ``version`` whose ids are a strict prefix of ``ids``, removed; or None.
@@ -142,18 +157,25 @@ class TurnCache:
             ``(cache, n)``: the cache holds ``ids[:n]``.
         """
         best = None
-        for key, (_, v) in self._entries.items():
+        for key, (_, v, _) in self._entries.items():
             n = len(key)
             if v == version and n < len(ids) and (best is None or n > len(best)) and tuple(ids[:n]) == key:
                 best = key
         if best is None:
             return None
-        cache, _ = self._entries.pop(best)
+        cache = self._entries[best][0]
+        self._drop(best)
         return cache, len(best)
 
     def clear(self) -> None:
         """Drop every kept cache (after a weight update)."""
         self._entries.clear()
+        self.nbytes = 0
+
+    def _drop(self, key: tuple[int, ...]) -> None:
+        entry = self._entries.pop(key, None)
+        if entry is not None:
+            self.nbytes -= entry[2]
 
 
 def _resolve(
@@ -191,6 +213,8 @@ class TransformersEngine:
         version: Policy version of the initial weights.
         turn_cache: Finished replies' KV caches kept for the episode's next turn (:class:`TurnCache`);
             default ``2 * max_batch_size``; 0 disables it.
+        turn_cache_bytes: Most bytes those caches hold together (bytes; the oldest dropped first);
+            default :data:`TURN_CACHE_BYTES` (512 MiB); None: bounded by ``turn_cache`` entries only.
 
     Raises:
         ConfigError: A non-positive batch size or context limit.
@@ -207,6 +231,7 @@ class TransformersEngine:
         seed: int = 0,
         version: int = 0,
         turn_cache: int | None = None,
+        turn_cache_bytes: int | None = TURN_CACHE_BYTES,
     ) -> None:
         if max_batch_size < 1:
             raise ConfigError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -238,7 +263,7 @@ class TransformersEngine:
         self.prefill_tokens = 0
         """Prompt tokens actually computed by prefills (tokens; the shared prefix's reuses excluded)."""
         self._shared = SharedPrefix()
-        self._turns = TurnCache(2 * max_batch_size if turn_cache is None else turn_cache)
+        self._turns = TurnCache(2 * max_batch_size if turn_cache is None else turn_cache, turn_cache_bytes)
         self.num_turn_hits = 0
         """Prefills that continued a finished reply's KV cache (see :class:`TurnCache`)."""
 
@@ -513,6 +538,8 @@ class TransformersEngine:
             )
             _resolve(upd.loop, upd.future, error=err)
             return
+        finally:
+            upd.state = {}  # the decode loop holds upd until its next command: let the sent copy go now
         self._version = upd.version
         self._turns.clear()
         if self._continuation is ContinuationMode.RECOMPUTE and batch.rows:
