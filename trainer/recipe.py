@@ -349,6 +349,7 @@ async def _train(cfg: TrainConfig, run_dir: Path, *, resume: bool, stop: asyncio
                     due = Snapshot(learner.version, weights) if lag is None else lag.push(learner.version, weights)
                     if due is not None:  # under staleness.forced_lag, the snapshot of k versions ago (or none)
                         await engine.update_weights(due.weights, due.version)
+                    del weights, due  # the engine has copied them in: this copy must not live through the next step
             batches += 1
 
             # 5. logging: one row per consumed batch (``update`` is the policy version after it)
