@@ -22,14 +22,17 @@ Tables:
   30 observation and 60 policy tokens, lengths varied by up to 25%), SmolLM2-shaped model cut to 4
   layers (V = 49152): ``one_pass`` grows with B up to 16 rows; ``budget`` (1024 tokens) stays flat.
 * ``budget``: B = 16 of those rows at budgets 512, 1024 and 2048 tokens: linear in the micro-batch's tokens.
-* ``long``: one row of T tokens (all but 16 of them policy tokens) on a Qwen2.5-7B-shaped model
-  (V = 152064, head size 128, 7 query heads per key/value head, MLP 5.29 x width) cut to width
+* ``long``: two rows of T tokens (all but 16 of them policy tokens), each in its own pass (a budget
+  below either row), on a Qwen2.5-7B-shaped model
+  (V = 152064, head size 128, MLP 5.29 x width) cut to width
   ``h`` and ``n`` layers. The per-token bytes of a layer and of the rest, fitted over two depths and
-  two widths, extrapolate the step at the full shape (width 3584, 28 layers) and T = 16384.
+  two widths between T = 1024 and 2048 (both two chunks or more: from the second chunk on, autograd
+  holds one head-sized gradient temporary, ``V x h``, while it adds a chunk's into the head's), extrapolate
+  the step at the full shape (width 3584, 28 layers) and T = 16384.
 
-Usage (about 15 minutes on 2 busy CPU cores, under 3 GB)::
+Usage (about 15 minutes on 2 busy CPU cores, under 3 GB; ``rows`` or ``long`` runs one part)::
 
-    .venv/bin/python benchmarks/bench_learner_memory.py
+    .venv/bin/python benchmarks/bench_learner_memory.py [rows] [long]
 """
 
 from __future__ import annotations
@@ -103,7 +106,7 @@ def run_one(spec: dict) -> dict:
     model = _model(spec["shape"])
     if spec["setting"] == "one_pass":
         learner_module.split_head = lambda model: None  # the model's own forward: logits kept for backward
-        cfg = OptimConfig(micro_batch_size=16, lr=1e-6, delta=10.0)
+        cfg = OptimConfig(micro_batch_size=spec["micro_batch_size"], lr=1e-6, delta=10.0)
     else:
         cfg = OptimConfig(micro_batch_size=1024, max_tokens_per_micro_batch=spec["budget"], lr=1e-6, delta=10.0,
                           logprob_chunk_tokens=spec["chunk"])
@@ -136,16 +139,13 @@ def _measure(spec: dict) -> dict:
 
 
 def _cut(hidden: int, layers: int) -> dict:
-    """The Qwen2.5-7B shape at width ``hidden`` (head size 128) and ``layers`` layers."""
-    kv = max(1, hidden // (128 * 7))
-    return {"vocab": QWEN7B["vocab"], "hidden": hidden, "layers": layers, "heads": 7 * kv, "kv_heads": kv,
+    """The Qwen2.5-7B shape at width ``hidden`` (head size 128, one key/value head) and ``layers`` layers."""
+    return {"vocab": QWEN7B["vocab"], "hidden": hidden, "layers": layers, "heads": hidden // 128, "kv_heads": 1,
             "mlp": round(hidden * QWEN7B["mlp"] / QWEN7B["hidden"])}
 
 
-def main() -> None:
-    if len(sys.argv) == 3 and sys.argv[1] == "--one":
-        print(json.dumps(run_one(json.loads(sys.argv[2]))))
-        return
+def rows_table() -> None:
+    """The ``rows`` and ``budget`` tables."""
     smol4 = {"vocab": 49152, "hidden": 576, "layers": 4, "heads": 9, "kv_heads": 3, "mlp": 1536}
     print("rows: B recipe-shaped rows (~460 tokens, 250 shared), SmolLM2 shape cut to 4 layers")
     print(f"{'setting':<10} {'B':>4} {'budget':>7} {'step MB':>9} {'vocab saved MB':>15} {'s':>6}")
@@ -153,33 +153,55 @@ def main() -> None:
     table += [{"setting": "budget", "rows": b, "budget": 1024} for b in (4, 16, 32)]
     table += [{"setting": "budget", "rows": 16, "budget": t} for t in (512, 2048)]
     for spec in table:
-        r = _measure({**spec, "shape": smol4, "prefix": 250, "chunk": 1024})
+        r = _measure({**spec, "shape": smol4, "prefix": 250, "chunk": 1024, "micro_batch_size": 16})
         print(f"{r['setting']:<10} {r['rows']:>4} {r['budget'] or '-':>7} {r['step_mb']:>9.0f} "
-              f"{r['vocab_saved_mb']:>15.0f} {r['seconds']:>6.1f}")
-    print("\nlong: one row of T tokens, Qwen2.5-7B shape (V 152064) cut to width h and n layers")
+              f"{r['vocab_saved_mb']:>15.0f} {r['seconds']:>6.1f}", flush=True)
+
+
+def long_table() -> None:
+    """The ``long`` table and the extrapolation to Qwen2.5-7B at 16k tokens."""
+    print("long: two rows of T tokens, each in its own pass, Qwen2.5-7B shape (V 152064) cut to width h, n layers")
     print(f"{'setting':<10} {'h':>5} {'n':>3} {'T':>6} {'step MB':>9} {'vocab saved MB':>15} {'s':>6}")
     fit: dict[tuple[int, int], float] = {}
     runs = [("one_pass", 256, 1, t) for t in (512, 1024)]
-    runs += [("budget", h, n, t) for h in (256, 512) for n in (1, 2) for t in (512, 1024)]
-    runs += [("budget", 256, 1, 2048)]
+    runs += [("budget", h, n, t) for h in (256, 512) for n in (1, 2) for t in (1024, 2048)]
+    runs += [("budget", 256, 1, 4096)]
     for setting, h, n, t in runs:
-        r = _measure({"setting": setting, "rows": 1, "long": t, "budget": 1 << 20, "shape": _cut(h, n), "chunk": 512})
+        # two rows (one rewarded: a batch of one has advantage 0), each in its own pass: the budget of
+        # 1 token is below every row, which then runs alone
+        r = _measure({"setting": setting, "rows": 2, "long": t, "budget": 1, "shape": _cut(h, n), "chunk": 512,
+                      "micro_batch_size": 1})
         print(f"{setting:<10} {h:>5} {n:>3} {t:>6} {r['step_mb']:>9.0f} {r['vocab_saved_mb']:>15.0f} "
-              f"{r['seconds']:>6.1f}")
-        if setting == "budget" and t in (512, 1024):
+              f"{r['seconds']:>6.1f}", flush=True)
+        if setting == "budget" and t in (1024, 2048):
             fit[(h, n, t)] = r["step_mb"]
     # bytes per token: of one layer (depth slope) and of everything else, each linear in the width
-    per_token = {key: (fit[(*key, 1024)] - fit[(*key, 512)]) / 512 for key in {(h, n) for h, n, _ in fit}}
+    per_token = {key: (fit[(*key, 2048)] - fit[(*key, 1024)]) / 1024 for key in {(h, n) for h, n, _ in fit}}
     layer = {h: per_token[(h, 2)] - per_token[(h, 1)] for h in (256, 512)}
     rest = {h: per_token[(h, 1)] - layer[h] for h in (256, 512)}
     lin = lambda f, w: f[256] + (f[512] - f[256]) * (w - 256) / 256  # noqa: E731
     full_per_token = QWEN7B["layers"] * lin(layer, QWEN7B["hidden"]) + lin(rest, QWEN7B["hidden"])
-    intercept = fit[(256, 1, 512)] - 512 * per_token[(256, 1)]
+    intercept = fit[(256, 1, 1024)] - 1024 * per_token[(256, 1)]
     print(f"\nper token: {1e6 * layer[256]:.0f} / {1e6 * layer[512]:.0f} B a layer at width 256 / 512, "
           f"{1e6 * rest[256]:.0f} / {1e6 * rest[512]:.0f} B the rest")
-    print(f"extrapolated, width 3584, 28 layers, float32, T = 16384: step {16384 * full_per_token / 1e3:.1f} GB "
-          f"+ {intercept:.0f} MB fixed (one 512-token logits chunk); the T x V float32 logits alone would be "
+    chunk_mb = 512 * QWEN7B["vocab"] * 4 / 1e6
+    head_grad_gb = QWEN7B["vocab"] * QWEN7B["hidden"] * 4 / 1e9
+    print(f"extrapolated to width 3584, 28 layers, T = 16384, float32: {16384 * full_per_token / 1e3:.1f} GB that "
+          f"grow with the tokens, plus a fixed part ({intercept:.0f} MB at width 256: a 512-token chunk's logits, "
+          f"softmax and gradient, {chunk_mb:.0f} MB each, and a V x h head-gradient temporary, "
+          f"{head_grad_gb:.2f} GB at width 3584); the T x V float32 logits alone: "
           f"{16384 * QWEN7B['vocab'] * 4 / 1e9:.1f} GB")
+
+
+def main() -> None:
+    if len(sys.argv) == 3 and sys.argv[1] == "--one":
+        print(json.dumps(run_one(json.loads(sys.argv[2]))))
+        return
+    tables = sys.argv[1:] or ["rows", "long"]
+    if "rows" in tables:
+        rows_table()
+    if "long" in tables:
+        long_table()
 
 
 if __name__ == "__main__":
