@@ -237,11 +237,12 @@ class TrainConfig:
 
         # The learner scores log pi under the rollout's processing; refuse now what it could not build.
         SamplingTransform(self.rollout.temperature, self.rollout.top_p, self.rollout.top_k)
+        # a constant schedule may warm up past run.updates (a run trained in pieces with --resume); the
+        # cosine schedule decays over run.updates and needs steps after its warm-up
         warm, updates = self.optim.warmup_steps, self.run.updates
-        if warm > updates or (self.optim.lr_schedule == "cosine" and warm >= updates):
-            raise ConfigError(f"optim.warmup_steps ({warm}) is longer than the run (run.updates = {updates})"
-                              + (": the cosine schedule needs steps after the warm-up"
-                                 if self.optim.lr_schedule == "cosine" else ""))
+        if self.optim.lr_schedule == "cosine" and warm >= updates:
+            raise ConfigError(f"optim.warmup_steps ({warm}) is longer than the run (run.updates = {updates}): "
+                              "the cosine schedule needs steps after the warm-up")
         if self.staleness.policy == "sync" and self.run.mode != "sync":
             raise ConfigError("staleness.policy 'sync' needs run.mode 'sync'")
         if self.optim.objective == "grpo":  # a group baseline over mixed prompts is meaningless

@@ -52,7 +52,8 @@ def test_the_learner_steps_with_the_scheduled_lr():
     "argv, needle",
     [
         (["optim.lr_schedule=linear"], "optim.lr_schedule: 'linear' is not one of ('constant', 'cosine')"),
-        (["optim.warmup_steps=13", "--updates", "12"], "optim.warmup_steps (13) is longer than the run"),
+        (["optim.lr_schedule=cosine", "optim.warmup_steps=13", "--updates", "12"],
+         "optim.warmup_steps (13) is longer than the run"),
         (["optim.lr_schedule=cosine", "optim.warmup_steps=12", "--updates", "12"], "needs steps after the warm-up"),
         (["optim.min_lr_ratio=-0.1"], "optim.min_lr_ratio"),
         (["optim.min_lr_ratio=1.5"], "optim.min_lr_ratio"),

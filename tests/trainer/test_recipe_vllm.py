@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 
 import pytest
 
@@ -35,11 +36,15 @@ def test_two_async_updates_with_vllm_reloading_weights(tmp_path):
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["update"] for r in rows] == [1, 2]
     first = rows[0]
-    assert first["learner/admitted_fraction"] == 1.0
-    # vLLM's log-probs against the learner's under version 0. This bound passed trivially while
-    # mean_d read 0 for every gated batch; measured now: 7.6e-4 nats (a few tokens differ more than
-    # the median 7.5e-7 of tests/trainer/test_sampling_match.py), far below the gate's delta.
-    assert 0 <= first["learner/mean_d"] < 5e-3
+    if math.isnan(first["learner/mean_d"]):
+        # every advantage 0 (the untrained policy solved none or all): no forward pass ran, so the gate
+        # was not evaluated and admitted nothing; the engines' match is tests/trainer/test_sampling_match.py
+        assert first["learner/admitted_fraction"] == 0.0
+    else:
+        assert first["learner/admitted_fraction"] == 1.0
+        # vLLM's log-probs against the learner's under version 0; measured: 7.6e-4 nats (a few tokens
+        # differ more than the median 7.5e-7 of tests/trainer/test_sampling_match.py), far below delta
+        assert 0 <= first["learner/mean_d"] < 5e-3
     consumed = [json.loads(line) for line in (run / "staleness.jsonl").read_text().splitlines()]
     assert len(consumed) == 4 and all(c["policy_tokens"] > 0 for c in consumed)
     assert [c["version"] for c in consumed] == [0, 0, 1, 1]
