@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -167,3 +167,18 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"{p} must hold a mapping at the top level")
     return data
+
+
+def key_values(items: Sequence[str], flag: str) -> dict[str, Any]:
+    """``KEY=VALUE`` items of a repeated ``flag`` as a dict, each VALUE read as YAML.
+
+    Raises:
+        ConfigError: An item without ``=`` or with an empty key (the message names ``flag``).
+    """
+    out: dict[str, Any] = {}
+    for item in items:
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise ConfigError(f"{flag} {item!r}: expected KEY=VALUE")
+        out[key.strip()] = yaml.safe_load(value)
+    return out

@@ -20,6 +20,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from agentenv.configio import key_values
 from agentenv.errors import AgentEnvError, ConfigError
 from agentenv.evaluation import (
     EpisodeResult,
@@ -153,22 +154,6 @@ def template_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     """
     return key_values(args.chat_template_kwarg, "--chat-template-kwarg")
 
-
-def key_values(items: list[str], flag: str) -> dict[str, Any]:
-    """``KEY=VALUE`` items of a repeated ``flag`` as a dict, each VALUE read as YAML.
-
-    Raises:
-        ConfigError: An item without ``=`` or with an empty key (the message names ``flag``).
-    """
-    import yaml
-
-    out: dict[str, Any] = {}
-    for item in items:
-        key, eq, value = item.partition("=")
-        if not eq or not key.strip():
-            raise ConfigError(f"{flag} {item!r}: expected KEY=VALUE")
-        out[key.strip()] = yaml.safe_load(value)
-    return out
 
 
 def _build_engine(args: argparse.Namespace) -> tuple[Any, Any]:

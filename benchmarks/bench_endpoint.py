@@ -76,7 +76,7 @@ async def endpoint_run(engine, renderer, cfg, sessions: int, turns: int) -> tupl
             t0 = time.perf_counter()
             r = await client.chat.completions.create(model="agentenv-policy", messages=msgs, max_tokens=8)
             dt = time.perf_counter() - t0
-            # this request's engine call: the one whose prompt is this session's row
+            # this request's engine call: the one whose prompt is this agent conversation's row
             i = next(j for j in range(n, len(timed.times)) if timed.prompts[j] == s.log[-1][0])
             wall.append(dt)
             overhead.append(dt - timed.times[i])

@@ -113,7 +113,7 @@ class RemoteEnv(Env[Any, str]):
     # -- the Env contract ---------------------------------------------------------------------------
     async def reset(self, *, seed: int | None = None, options: Mapping[str, Any] | None = None
                     ) -> tuple[Any, dict[str, Any]]:
-        """Close the previous session (if any) and start an episode on the next server.
+        """Close the previous episode (if any) and start one on the next server.
 
         Raises:
             RemoteEnvError: No server started the episode (see the class docstring for the kinds;

@@ -23,6 +23,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentenv.configio import key_values
 from agentenv.core import Env
 from agentenv.errors import AgentEnvError, ConfigError
 from agentenv.remote.protocol import ERROR_STATUS, PROTOCOL_VERSION, body_cap, dumps, error_body, jsonable
@@ -90,7 +91,7 @@ class _BadRequest(Exception):
 def build_app(cfg: ServeConfig, factory: Callable[[], Env] | None = None) -> Any:
     """The Starlette application serving ``cfg.env_id``.
 
-    One environment is built here (and kept for the first session), so that a wrong id or
+    One environment is built here (and kept for the first episode), so that a wrong id or
     constructor argument fails before the server listens.
 
     Args:
@@ -272,23 +273,6 @@ def serve(cfg: ServeConfig, *, ready: Callable[[str], None] | None = None) -> No
     server.run(sockets=[sock])
 
 
-def parse_env_args(items: Sequence[str]) -> dict[str, Any]:
-    """``KEY=VALUE`` strings as constructor arguments, each VALUE read as YAML (``3`` an int, ``a`` a string).
-
-    Raises:
-        ConfigError: An item without ``=`` or with an empty key.
-    """
-    import yaml
-
-    out: dict[str, Any] = {}
-    for item in items:
-        key, eq, value = item.partition("=")
-        if not eq or not key.strip():
-            raise ConfigError(f"--env-arg {item!r}: expected KEY=VALUE")
-        out[key.strip()] = yaml.safe_load(value)
-    return out
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """``agentenv serve ENV_ID [--host H] [--port N] [--env-arg K=V ...] [--token T]``; returns the exit status.
 
@@ -311,7 +295,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(list(argv) if argv is not None else None)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        cfg = ServeConfig(env_id=args.env_id, env_kwargs=parse_env_args(args.env_arg), host=args.host,
+        cfg = ServeConfig(env_id=args.env_id, env_kwargs=key_values(args.env_arg, "--env-arg"), host=args.host,
                           port=args.port, token=args.token or os.environ.get(TOKEN_ENV) or None,
                           max_sessions=args.max_sessions, max_action_chars=args.max_action_chars,
                           call_timeout_s=args.call_timeout_s, session_idle_s=args.session_idle_s)

@@ -167,7 +167,7 @@ def test_a_resumed_setting_with_no_budget_left_trains_nothing_and_is_evaluated_a
                                 "eval.problems=1", "--mode", "sync", "--policy", "sync"])
     run_dir = recipe.prepare_run_dir(cfg, resume=False, overwrite=False)
 
-    async def stopped_by_ctrl_c():  # the first session: Ctrl-C (as if during its evaluation after)
+    async def stopped_by_ctrl_c():  # the first process: Ctrl-C (as if during its evaluation after)
         stop = asyncio.Event()
         asyncio.get_running_loop().call_later(3.0, stop.set)
         return await recipe.train(cfg, run_dir, stop=stop, loop_seconds=60.0)

@@ -122,9 +122,9 @@ def test_a_wall_clock_setting_counts_its_loop_seconds_over_sessions(tmp_path):
         started = time.time() - 1.0
         (run / "summary.json").write_text(json.dumps({"train_s": train_s}))
         _add_loop_seconds(run, since=started)
-    assert loop_seconds_spent(run) == 450.5  # the third session gets 600 - 450.5 s, not 600 - 200
-    # a session stopped before it wrote a summary (Ctrl-C while torch loaded) adds nothing: the
-    # second session's summary is older than it and is not counted twice
+    assert loop_seconds_spent(run) == 450.5  # the third process gets 600 - 450.5 s, not 600 - 200
+    # a process stopped before it wrote a summary (Ctrl-C while torch loaded) adds nothing: the
+    # second process's summary is older than it and is not counted twice
     _add_loop_seconds(run, since=time.time() + 1.0)
     assert loop_seconds_spent(run) == 450.5
 
