@@ -115,7 +115,8 @@ def read_run(run: Path | str) -> RunReport:
     after = json.loads(paths["after"].read_text())
     interval = paired_bootstrap(before["outcomes"], after["outcomes"])
     rewards = [float(r["reward/mean"]) for r in rows]
-    entropies = [float(r.get("learner/behaviour_entropy", math.nan)) for r in rows]
+    entropies = [math.nan if r.get("learner/behaviour_entropy") is None else float(r["learner/behaviour_entropy"])
+                 for r in rows]  # NaN is written as null
     summary = json.loads((run / "summary.json").read_text()) if (run / "summary.json").is_file() else {}
     seed = None
     config = run / "config.yaml"
