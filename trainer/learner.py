@@ -80,8 +80,9 @@ class OptimConfig:
         grad_clip: Max global gradient L2 norm; 0 disables clipping.
         lr_schedule: ``"constant"`` or ``"cosine"`` (decay over the run's ``run.updates`` optimizer
             steps to ``min_lr_ratio * lr``), after the warm-up (:mod:`agentenv.trainer.lr_schedule`).
-        warmup_steps: Linear learning-rate warm-up over this many optimizer steps (0: none); at most
-            ``run.updates``.
+        warmup_steps: Linear learning-rate warm-up over this many optimizer steps (0: none); under
+            ``"cosine"`` fewer than ``run.updates`` (a constant schedule may warm up across a run
+            trained in pieces with ``--resume``).
         min_lr_ratio: The cosine schedule's final lr as a fraction of ``lr``, in [0, 1] (the paper:
             0.1); unused by ``"constant"``.
         micro_batch_size: Rows per forward/backward pass (gradient accumulation; does not change the
