@@ -36,6 +36,7 @@ from agentenv.trainer.batching import PolicyBatch, build_batch, micro_batch_rows
 from agentenv.trainer.logprob_chunks import DEFAULT_CHUNK_TOKENS, chunked_label_logprobs, split_head
 from agentenv.trainer.lr_schedule import SCHEDULES, apply_optim_settings, build_scheduler, log_applied
 from agentenv.trainer.objectives import (
+    ObjectiveOutput,
     ObjectiveStats,
     _check_delta,
     _check_fraction,
@@ -274,6 +275,7 @@ class UpdateStats:
             "train/kept_tokens": float(o.kept_tokens),
             "train/policy_tokens": float(o.tokens),
             "train/behaviour_entropy": o.behaviour_nll_sum / o.tokens if o.tokens else math.nan,
+            "train/policy_entropy": o.policy_entropy,
             "reward/mean": self.reward_mean,
             "length/policy_tokens_mean": self.mean_length,
             "length/sequence_tokens_mean": self.mean_sequence_length,
@@ -593,7 +595,6 @@ class Learner:
             return stats
         offset = _shard_offset(batch.num_rows, rank, world)
         adm_mine = admitted[offset : offset + mine.num_rows] if admitted is not None else None
-        filt = cfg.entropy_keep_fraction if cfg.objective == "flash_reinforce" else None
         release_free_heap()  # freed blocks of the last step leave the process before this one's activations
         prefix = shared_prefix(self.model, mine, leaves=True) if cfg.share_prefix else None
         n = prefix.length if prefix is not None else 0
@@ -605,24 +606,11 @@ class Learner:
                 stats = stats + _skipped_stats(mb, adm)
                 continue
             mb = mb.to(self.device)
-            lp, ent = token_logprobs(self.model, mb, with_entropy=filt is not None, sampling=self.sampling,
+            lp, ent = token_logprobs(self.model, mb, with_entropy=True, sampling=self.sampling,
                                      chunk_tokens=cfg.logprob_chunk_tokens, prefix=prefix)
             if log_ratios is not None:
                 log_ratios.append(policy_log_ratios(lp, mb))
-            if cfg.objective == "grpo":
-                out = grpo_loss(
-                    lp, mb.behaviour_logprobs, mb.loss_mask, mb.advantages, mb.lengths, batch.global_tokens,
-                    clip_eps=cfg.grpo_clip_eps, row_ids=mb.ids,
-                )
-            else:
-                out = flash_reinforce_loss(
-                    lp, mb.behaviour_logprobs, mb.loss_mask, mb.advantages, mb.lengths,
-                    batch.global_batch_size, delta=cfg.delta,
-                    admitted=adm.to(self.device) if adm is not None else None, gate_d=mb.gate_d,
-                    entropies=ent, entropy_keep_fraction=filt, failed=mb.failed, row_ids=mb.ids,
-                    total_tokens=batch.global_tokens if cfg.loss_aggregation == "token_mean" else None,
-                    gate=cfg.gate, token_admitted=mb.gate_mask if adm is not None else None,
-                )
+            out = micro_batch_objective(lp, ent, mb, batch, cfg, adm)
             if out.loss.requires_grad:
                 out.loss.backward()
             stats = stats + out.stats
@@ -848,6 +836,52 @@ def update_stats(
     )
 
 
+def micro_batch_objective(
+    logprobs: torch.Tensor, entropies: torch.Tensor, mb: PolicyBatch, batch: PolicyBatch, config: OptimConfig,
+    admitted: torch.Tensor | None,
+) -> ObjectiveOutput:
+    """The objective's loss and statistics on one scored micro-batch: the micro-step every learner backend runs.
+
+    FlashREINFORCE (:func:`agentenv.trainer.objectives.flash_reinforce_loss`) or GRPO
+    (:func:`agentenv.trainer.objectives.grpo_loss`) per ``config.objective``, with the global
+    denominators of ``batch`` (B, the policy-token count N), so micro-batch losses add up to the
+    full-batch loss. The statistics also carry the exact entropy of pi_theta over ``mb``'s policy
+    tokens (``entropy_sum``, ``entropy_tokens``).
+
+    Args:
+        logprobs: ``(b, t)`` log pi_theta from :func:`token_logprobs`, with gradient (b: ``mb``'s rows).
+        entropies: ``(b, t)`` entropy of pi_theta under the sampling transform (nats), no gradient.
+        mb: The micro-batch (rows of ``batch``), on the logprobs' device.
+        batch: The whole (global) batch the micro-batch comes from.
+        config: The objective's settings.
+        admitted: ``(b,)`` bool precomputed gate decision for ``mb``'s rows, or None to gate on
+            ``logprobs`` (FlashREINFORCE; GRPO ignores it).
+
+    Returns:
+        :class:`ObjectiveOutput`; call ``loss.backward()`` (scaled as the backend needs) when it
+        requires grad.
+    """
+    if config.objective == "grpo":
+        out = grpo_loss(
+            logprobs, mb.behaviour_logprobs, mb.loss_mask, mb.advantages, mb.lengths, batch.global_tokens,
+            clip_eps=config.grpo_clip_eps, row_ids=mb.ids,
+        )
+    else:
+        out = flash_reinforce_loss(
+            logprobs, mb.behaviour_logprobs, mb.loss_mask, mb.advantages, mb.lengths,
+            batch.global_batch_size, delta=config.delta,
+            admitted=admitted.to(logprobs.device) if admitted is not None else None, gate_d=mb.gate_d,
+            entropies=entropies, entropy_keep_fraction=config.entropy_keep_fraction, failed=mb.failed,
+            row_ids=mb.ids,
+            total_tokens=batch.global_tokens if config.loss_aggregation == "token_mean" else None,
+            gate=config.gate, token_admitted=mb.gate_mask if admitted is not None else None,
+        )
+    mask = mb.loss_mask.to(entropies.device)
+    stats = replace(out.stats, entropy_sum=float(entropies.detach()[mask].double().sum()),
+                    entropy_tokens=int(mask.sum()))
+    return replace(out, stats=stats)
+
+
 def policy_log_ratios(logprobs: torch.Tensor, batch: PolicyBatch) -> torch.Tensor:
     """``log pi - log mu`` at the policy tokens of ``batch`` (nats), a detached 1-d float32 CPU tensor.
 
@@ -947,7 +981,7 @@ def _all_reduce_flag(flag: bool) -> bool:
 
 _SUM_FIELDS = (
     "rows", "admitted", "admitted_tokens", "tokens", "kept_tokens", "d_sum", "rho_sum", "adv_sum", "adv_sq_sum",
-    "loss_sum", "surrogate_sum", "clipped_tokens", "behaviour_nll_sum",
+    "loss_sum", "surrogate_sum", "clipped_tokens", "behaviour_nll_sum", "entropy_sum", "entropy_tokens",
 )
 
 

@@ -16,9 +16,12 @@ per-update logs:
 * **reward holds**: the mean batch reward over the last quarter of the updates is at least the mean
   over the second quarter (quarters of ``ceil(n / 4)`` updates; the last quarter is the last
   ``ceil(n / 4)``);
-* **entropy bounded**: from update 3 on, the behaviour entropy (``learner/behaviour_entropy``, the
-  mean ``-log mu`` of the sampled tokens, nats) never exceeds 3 x its running minimum (the
-  minimum over updates 1..u); the largest such ratio is reported.
+* **entropy bounded**: from update 3 on, the policy's entropy on the batch never exceeds 3 x its
+  running minimum (the minimum over updates 1..u); the largest such ratio is reported. The entropy
+  read is ``learner/policy_entropy`` (the exact entropy of pi_theta at the batch's policy tokens,
+  from the update's forward pass) where the run logs it, else ``learner/behaviour_entropy`` (the
+  mean ``-log mu`` of the sampled tokens, a one-sample estimate of the same quantity whose noise
+  per batch is larger); :attr:`RunReport.entropy_key` says which.
 
 Across runs: mean, sample standard deviation, min and max of "after", and a 95% interval of the
 mean change that resamples seeds, then tasks (:func:`agentenv.trainer.significance.seed_task_bootstrap`).
@@ -59,6 +62,7 @@ class RunReport:
     high: float
     rewards: list[float]
     entropies: list[float]
+    entropy_key: str
     reward_holds: bool
     entropy_ratio: float
     before_outcomes: list[float]
@@ -115,8 +119,9 @@ def read_run(run: Path | str) -> RunReport:
     after = json.loads(paths["after"].read_text())
     interval = paired_bootstrap(before["outcomes"], after["outcomes"])
     rewards = [float(r["reward/mean"]) for r in rows]
-    entropies = [math.nan if r.get("learner/behaviour_entropy") is None else float(r["learner/behaviour_entropy"])
-                 for r in rows]  # NaN is written as null
+    key = "learner/policy_entropy" if any(r.get("learner/policy_entropy") is not None for r in rows) \
+        else "learner/behaviour_entropy"
+    entropies = [math.nan if r.get(key) is None else float(r[key]) for r in rows]  # NaN is written as null
     summary = json.loads((run / "summary.json").read_text()) if (run / "summary.json").is_file() else {}
     seed = None
     config = run / "config.yaml"
@@ -127,6 +132,7 @@ def read_run(run: Path | str) -> RunReport:
     return RunReport(
         run=run.name, seed=seed, updates=len(rows), before=interval.before, after=interval.after,
         delta=interval.delta, low=interval.low, high=interval.high, rewards=rewards, entropies=entropies,
+        entropy_key=key.split("/", 1)[1],
         reward_holds=reward_holds(rewards) if len(rewards) >= 4 else False, entropy_ratio=entropy_ratio(entropies),
         before_outcomes=list(before["outcomes"]), after_outcomes=list(after["outcomes"]),
         peak_rss_gb=summary.get("peak_rss_gb"),
@@ -158,7 +164,7 @@ def aggregate(reports: Sequence[RunReport]) -> dict[str, Any]:
 
 
 def plot_curves(reports: Sequence[RunReport], path: Path) -> Path:
-    """Batch reward and behaviour entropy per update, every run overlaid, as one PNG at ``path``."""
+    """Batch reward and entropy (:attr:`RunReport.entropy_key`) per update, every run overlaid, as one PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -173,7 +179,8 @@ def plot_curves(reports: Sequence[RunReport], path: Path) -> Path:
     top.set_ylabel("batch reward (mean)")
     top.set_ylim(-0.02, 1.02)
     top.legend(fontsize=8, ncol=2)
-    bottom.set_ylabel("behaviour entropy (nats/token)")
+    keys = sorted({r.entropy_key.replace("_", " ") for r in reports})
+    bottom.set_ylabel(f"{' / '.join(keys)} (nats/token)")
     bottom.set_yscale("log")
     bottom.set_xlabel("update (policy version)")
     fig.tight_layout()

@@ -164,6 +164,10 @@ class ObjectiveStats:
         clipped_tokens: Tokens whose PPO ratio was clipped (GRPO; 0 for FlashREINFORCE).
         behaviour_nll_sum: Sum over policy tokens of ``-log mu(a_t)``; divided by tokens it is a
             sample estimate of the behaviour policy's entropy (nats/token).
+        entropy_sum: Sum over the policy tokens of scored rows of the exact entropy (nats) of the
+            current policy pi_theta at the token's position, under the sampling transform (filled in
+            by the learner's micro-step; 0 where no forward pass ran).
+        entropy_tokens: Policy tokens counted in ``entropy_sum``.
     """
 
     rows: int = 0
@@ -180,6 +184,8 @@ class ObjectiveStats:
     surrogate_sum: float = 0.0
     clipped_tokens: int = 0
     behaviour_nll_sum: float = 0.0
+    entropy_sum: float = 0.0
+    entropy_tokens: int = 0
 
     def __add__(self, other: ObjectiveStats) -> ObjectiveStats:
         merged = {f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)}
@@ -219,6 +225,11 @@ class ObjectiveStats:
         return math.sqrt(max(self.adv_sq_sum / self.rows - m * m, 0.0))
 
     @property
+    def policy_entropy(self) -> float:
+        """Mean exact entropy of pi_theta over the scored policy tokens (nats/token; nan when none scored)."""
+        return self.entropy_sum / self.entropy_tokens if self.entropy_tokens else math.nan
+
+    @property
     def clip_fraction(self) -> float:
         """Share of policy tokens whose PPO ratio was clipped (GRPO)."""
         return self.clipped_tokens / self.tokens if self.tokens else math.nan
@@ -234,6 +245,7 @@ class ObjectiveStats:
             advantage_mean=self.advantage_mean,
             advantage_std=self.advantage_std,
             clip_fraction=self.clip_fraction,
+            policy_entropy=self.policy_entropy,
         )
         return d
 

@@ -2,10 +2,10 @@
 
 The policy is wrapped by OpenRLHF 0.11.2's :class:`openrlhf.utils.deepspeed.DeepspeedStrategy`
 (``strategy.prepare((model, cfg))`` builds the DeepSpeed engine, AdamW and the scheduler;
-``strategy.backward`` / ``strategy.optimizer_step`` drive it). The loss is computed by OUR
-:func:`agentenv.trainer.objectives.flash_reinforce_loss` (the one implementation shared with the
-single-process learner), not by OpenRLHF's ``PolicyLoss``; ``tests/trainer/test_openrlhf_loss.py``
-cross-checks the two on the same inputs.
+``strategy.backward`` / ``strategy.optimizer_step`` drive it). Each micro-step's loss is
+:func:`agentenv.trainer.learner.micro_batch_objective`, the one the single-process learner runs
+(FlashREINFORCE or GRPO from :mod:`agentenv.trainer.objectives`), not OpenRLHF's ``PolicyLoss``;
+``tests/trainer/test_openrlhf_loss.py`` cross-checks the two on the same inputs.
 
 Global denominators under DeepSpeed. The objective returns, for each micro-batch, its exact partial
 sum of the full-batch loss (denominators ``B`` and ``T_i`` are the global ones). DeepSpeed divides
@@ -66,6 +66,7 @@ from agentenv.trainer.learner import (
     OptimConfig,
     UpdateStats,
     enable_gradient_checkpointing,
+    micro_batch_objective,
     policy_log_ratios,
     prepare_batch,
     ratio_tail,
@@ -74,11 +75,7 @@ from agentenv.trainer.learner import (
     update_stats,
 )
 from agentenv.trainer.lr_schedule import apply_optim_settings, build_scheduler, log_applied
-from agentenv.trainer.objectives import (
-    ObjectiveStats,
-    flash_reinforce_loss,
-    grpo_loss,
-)
+from agentenv.trainer.objectives import ObjectiveStats
 from agentenv.trainer.openrlhf_compat import import_openrlhf
 from agentenv.trajectory import Trajectory
 
@@ -412,50 +409,16 @@ class OpenRLHFLearner:
         micro = [] if mine is None else split_micro_batches(mine, cfg.micro_batch_size)
         offset = _shard_offset(batch.num_rows, self.rank, self.world_size)
         scale = float(self.gas * self.world_size)  # undo DeepSpeed's 1/gas and 1/dp (module doc)
-        filt = cfg.entropy_keep_fraction if cfg.objective == "flash_reinforce" else None
         stats, norm = ObjectiveStats(), 0.0
         self.engine.train()
         for step in range(self.gas):
             if step < len(micro):
                 mb = micro[step].to(self.device)
-                lp, ent = token_logprobs(self.engine, mb, with_entropy=filt is not None, sampling=self.sampling)
+                lp, ent = token_logprobs(self.engine, mb, with_entropy=True, sampling=self.sampling)
                 log_ratios.append(policy_log_ratios(lp, mb))
-                if cfg.objective == "grpo":
-                    out = grpo_loss(
-                        lp,
-                        mb.behaviour_logprobs,
-                        mb.loss_mask,
-                        mb.advantages,
-                        mb.lengths,
-                        batch.global_tokens,
-                        clip_eps=cfg.grpo_clip_eps,
-                        row_ids=mb.ids,
-                    )
-                else:
-                    start = offset + step * cfg.micro_batch_size
-                    adm = (
-                        admitted[start : start + mb.num_rows].to(self.device)
-                        if admitted is not None
-                        else None
-                    )
-                    out = flash_reinforce_loss(
-                        lp,
-                        mb.behaviour_logprobs,
-                        mb.loss_mask,
-                        mb.advantages,
-                        mb.lengths,
-                        batch.global_batch_size,
-                        delta=cfg.delta,
-                        admitted=adm,
-                        gate_d=mb.gate_d,
-                        entropies=ent,
-                        entropy_keep_fraction=filt,
-                        failed=mb.failed,
-                        row_ids=mb.ids,
-                        total_tokens=batch.global_tokens if cfg.loss_aggregation == "token_mean" else None,
-                        gate=cfg.gate,
-                        token_admitted=mb.gate_mask if adm is not None else None,
-                    )
+                start = offset + step * cfg.micro_batch_size
+                adm = admitted[start : start + mb.num_rows] if admitted is not None else None
+                out = micro_batch_objective(lp, ent, mb, batch, cfg, adm)
                 loss, stats = out.loss, stats + out.stats
             else:  # padding micro-step: zero gradient, keeps every rank's DeepSpeed micro-step count at gas
                 lp, _ = token_logprobs(self.engine, batch.select([0]).to(self.device), sampling=self.sampling)

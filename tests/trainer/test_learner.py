@@ -194,6 +194,31 @@ def test_equal_rewards_zero_gradient_skip():
     assert stats.to_metrics()["train/behaviour_entropy"] == pytest.approx(nll / stats.objective.tokens)
 
 
+def _manual_entropies(model, tr: Trajectory) -> torch.Tensor:
+    """Exact entropy (nats) of the model's next-token distribution at each policy-token label, unpadded."""
+    ids = torch.tensor([tr.token_ids])
+    with torch.no_grad():
+        logp = torch.log_softmax(model(input_ids=ids).logits[0, :-1].double(), -1)
+    ent = -(logp.exp() * logp).sum(-1)
+    return ent[torch.tensor(tr.loss_mask[1:], dtype=torch.bool)]
+
+
+@pytest.mark.parametrize("micro", [8, 3])
+def test_policy_entropy_is_the_exact_entropy_over_the_scored_tokens(micro):
+    model = tiny_model(11)
+    learner = Learner(model, OptimConfig(micro_batch_size=micro, delta=10.0))
+    trajs = make_trajectories(6, seed=11, rewards=[1, 0, 1, 0, 0, 1])
+    expected = torch.cat([_manual_entropies(model, t) for t in trajs])
+    stats = learner.update(trajs)
+    assert stats.objective.entropy_tokens == expected.numel() == stats.objective.tokens
+    assert stats.to_metrics()["train/policy_entropy"] == pytest.approx(float(expected.mean()), rel=1e-5)
+    # not the sample estimate -log mu of the stored behaviour log-probabilities
+    assert stats.to_metrics()["train/policy_entropy"] != pytest.approx(stats.to_metrics()["train/behaviour_entropy"])
+    # a batch whose advantages are all 0 runs no forward pass: nothing scored, the entropy is not measured
+    flat = learner.update(make_trajectories(3, seed=12, rewards=[1, 1, 1]))
+    assert flat.objective.entropy_tokens == 0 and math.isnan(flat.to_metrics()["train/policy_entropy"])
+
+
 def test_bad_input_errors_name_the_trajectory():
     learner = Learner(tiny_model(8), OptimConfig(delta=10.0))
     with pytest.raises(DataError, match="empty batch"):

@@ -69,6 +69,21 @@ def test_aggregate_over_seeds(tmp_path, capsys):
     assert (out / "curves.png").stat().st_size > 5000
 
 
+def test_the_exact_policy_entropy_is_read_where_the_run_logs_it(tmp_path):
+    before, after = [0, 1] * 5, [1, 1] * 5
+    run = _run(tmp_path / "s0", 0, [.4, .5, .6, .7], [.2, .02, .2, .2], before, after)  # -log mu: ratio 10
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    for row, h in zip(rows, [.30, .20, None, .25], strict=True):  # null: a batch that ran no forward pass
+        row["learner/policy_entropy"] = h
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    report = read_run(run)
+    assert report.entropy_key == "policy_entropy"
+    assert report.entropy_ratio == pytest.approx(1.25) and not report.collapsed  # 0.25 / 0.20 at update 4
+    assert math.isnan(report.entropies[2])
+    older = read_run(_run(tmp_path / "s1", 1, [.4, .5, .6, .7], [.2, .02, .2, .2], before, after))
+    assert older.entropy_key == "behaviour_entropy" and older.entropy_ratio == pytest.approx(10.0)
+
+
 def test_a_folder_that_is_not_a_finished_run_is_a_clear_error(tmp_path, capsys):
     assert main([str(tmp_path)]) == 2
     assert "no metrics.jsonl" in capsys.readouterr().err

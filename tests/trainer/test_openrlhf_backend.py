@@ -79,7 +79,8 @@ def _rank_run(rank: int, batches, zero_stage: int, rows: int, weights_file=None)
     out = []
     for batch in batches:
         st = learner.update(batch)
-        out.append((st.version, st.stepped, st.grad_norm, st.objective.admitted, st.objective.rows, st.loss))
+        out.append((st.version, st.stepped, st.grad_norm, st.objective.admitted, st.objective.rows, st.loss,
+                    st.objective.policy_entropy))
     scores = learner.score(batches[0])
     if weights_file is not None:
         learner.weights_for_engine(weights_file)
@@ -103,13 +104,14 @@ def _check_against_reference(results, batches):
         assert moved > 1e-4, "the DeepSpeed update did not change the weights"
         for k in ref_w:
             assert torch.allclose(res["after"][k], ref_w[k], atol=2e-6, rtol=1e-5), k
-        for (version, stepped, norm, admitted, rows, loss), ref in zip(
+        for (version, stepped, norm, admitted, rows, loss, entropy), ref in zip(
             res["updates"], ref_stats, strict=True
         ):
             assert stepped and version == ref.version
             assert norm == pytest.approx(ref.grad_norm, rel=1e-4)
             assert admitted == ref.objective.admitted and rows == ref.objective.rows
             assert loss == pytest.approx(ref.loss, rel=1e-4, abs=1e-7)
+            assert entropy == pytest.approx(ref.objective.policy_entropy, rel=1e-5) and entropy > 0
     return ref_norms
 
 
@@ -183,7 +185,8 @@ def _rank_bad_input_then_zero0_update(rank: int, batches):
     out = []
     for batch in batches:
         st = learner.update(batch)
-        out.append((st.version, st.stepped, st.grad_norm, st.objective.admitted, st.objective.rows, st.loss))
+        out.append((st.version, st.stepped, st.grad_norm, st.objective.admitted, st.objective.rows, st.loss,
+                    st.objective.policy_entropy))
     res = {"before": before, "after": learner.weights_for_engine(), "updates": out}
     opt_name = type(learner.engine.optimizer).__name__
     # GRPO through the same backend (a second engine in the same process group), one update
