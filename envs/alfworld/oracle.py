@@ -15,7 +15,6 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from pathlib import Path
 from typing import Any
 
 from agentenv.envs.alfworld.env import AlfWorldEnv
@@ -33,6 +32,7 @@ from agentenv.evaluation import (
     run_jobs,
     write_report,
 )
+from agentenv.output_folders import EVALUATION, claim_folder
 
 
 def walkthrough_policy(games: Sequence[GameRef]) -> Any:
@@ -146,10 +146,13 @@ def oracle_main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=2, help="processes")
     p.add_argument("--concurrency", type=int, default=2, help="games at once per process")
     p.add_argument("--data-root", default=None)
-    p.add_argument("--out", default=None, help="folder for report.json / report.txt")
+    p.add_argument("--out", default=None, help="folder for report.json / report.txt (new, empty, or an "
+                   "evaluation folder with --overwrite)")
+    p.add_argument("--overwrite", action="store_true", help="replace the evaluation report in --out")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
     try:
+        out = claim_folder(args.out, EVALUATION, overwrite=args.overwrite) if args.out else None
         report, results = run_oracle(
             args.split,
             limit=args.limit,
@@ -162,6 +165,6 @@ def oracle_main(argv: Sequence[str] | None = None) -> int:
         print(f"agentenv alfworld-oracle: error: {exc}", file=sys.stderr)
         return 2
     print(format_table(report))
-    if args.out:
-        write_report(report, results, Path(args.out))
+    if out is not None:
+        write_report(report, results, out)
     return 0 if report.overall.successes == report.overall.episodes else 1

@@ -24,6 +24,16 @@ def test_oracle_command_on_a_few_games(tmp_path: Path, capsys) -> None:
     out = capsys.readouterr().out
     assert "overall" in out and "100.0" in out
     assert (tmp_path / "report.json").is_file()
+    again = ["--split", "unseen", "--limit", "1", "--workers", "1", "--no-progress", "--out", str(tmp_path)]
+    assert oracle_main(again) == 2  # a report is there: replaced only when asked
+    assert "pass --overwrite" in capsys.readouterr().err
+    assert oracle_main([*again, "--overwrite"]) == 0
+    assert '"episodes": 1' in (tmp_path / "report.json").read_text()
+    decoy = tmp_path.parent / "notes"
+    decoy.mkdir()
+    (decoy / "thesis.tex").write_text("mine")
+    assert oracle_main([*again[:-1], str(decoy), "--overwrite"]) == 2  # not an evaluation folder: untouched
+    assert (decoy / "thesis.tex").read_text() == "mine" and "nothing was deleted" in capsys.readouterr().err
     assert oracle_main(["--split", "nope", "--no-progress"]) == 2
     assert "unknown ALFWorld split" in capsys.readouterr().err
 
