@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from agentenv.errors import ConfigError, SandboxError
+from agentenv.errors import ConfigError
 from agentenv.sandboxes.base import SandboxLimits
 from agentenv.sandboxes.session import Launcher
 
@@ -99,11 +99,3 @@ def backend_report(backend: str = "auto") -> dict[str, str]:
     if avail[chosen]:
         report["warning"] = f"{chosen} was requested but does not work here: {avail[chosen]}"
     return report
-
-
-def check_backend(backend: str) -> None:
-    """Raise SandboxError when ``backend`` (resolved) does not work here."""
-    chosen = choose_backend(backend)
-    why = available_backends()[chosen]
-    if why:
-        raise SandboxError(f"{chosen} backend unavailable: {why}")

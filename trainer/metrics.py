@@ -6,10 +6,7 @@ null so every line is strict JSON) and writes every numeric value as a TensorBoa
 ``run_dir/tb`` (``torch.utils.tensorboard.SummaryWriter``). Nested dicts and dataclasses are
 flattened with ``/`` (``{"pool": {"ws_mean": 2}}`` -> ``pool/ws_mean``).
 
-:func:`update_record` assembles the per-update record: the learner's :class:`UpdateStats`
-(loss, gate admission, advantages, reward, lengths, behaviour entropy, grad norm, throughput) and
-the pool's decision for the batch (staleness figures GS/WS/S_eff, occupancy, budget, rejected count;
-whatever flat or nested numbers the pool reports).
+The training loop's row per update is assembled by :func:`agentenv.trainer.setup.update_metrics`.
 """
 
 from __future__ import annotations
@@ -22,7 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MetricsWriter", "flatten", "update_record"]
+__all__ = ["MetricsWriter", "flatten"]
 
 
 def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
@@ -52,21 +49,6 @@ def _leaf(v: Any) -> Any:
     if isinstance(v, (list, tuple)) and v and all(isinstance(x, (int, float)) for x in v):
         return sum(float(x) for x in v) / len(v)
     return v
-
-
-def update_record(stats: Any, pool_decision: Any | None = None, **extra: float) -> dict[str, Any]:
-    """One update's metrics: ``stats.to_metrics()`` plus ``pool/...`` keys from the pool decision.
-
-    Args:
-        stats: An :class:`agentenv.trainer.learner.UpdateStats` (anything with ``to_metrics()``).
-        pool_decision: The pool's decision record for this batch (mapping or dataclass), or None.
-        **extra: More scalars (e.g. ``rollout_seconds``), written as given.
-    """
-    rec = dict(stats.to_metrics())
-    if pool_decision is not None:
-        rec.update(flatten(pool_decision, "pool"))
-    rec.update(extra)
-    return rec
 
 
 class MetricsWriter:

@@ -34,8 +34,6 @@ import torch
 from agentenv.errors import ConfigError, DataError
 
 __all__ = [
-    "FlashReinforceConfig",
-    "GRPOConfig",
     "ObjectiveOutput",
     "GATES",
     "GateDecision",
@@ -63,65 +61,6 @@ GATES = ("sequence", "token", "none")
 # ---------------------------------------------------------------------------------------------
 # Configs
 # ---------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class FlashReinforceConfig:
-    """FlashREINFORCE hyper-parameters (docs/algorithms.md, "FlashREINFORCE").
-
-    Attributes:
-        delta: Trust-gate threshold on the sequence-level Bernoulli-KL proxy ``D_i`` (nats); a row is
-            admitted iff ``D_i <= delta`` (inclusive). Paper range 1e-3..5e-3.
-        entropy_keep_fraction: ``q`` of the negative-token entropy filter: for failed trajectories keep
-            only the ``ceil(q * T_i)`` highest-entropy policy tokens (denominator stays ``T_i``).
-            None (default) disables the filter; 0.9 in the paper's ALFWorld setting.
-        gate: ``"sequence"`` (the method), ``"token"`` (a token-local mask) or ``"none"``; see
-            :func:`trust_gate`.
-
-    Raises:
-        ConfigError: ``delta < 0`` or not finite, ``entropy_keep_fraction`` outside [0, 1], or an
-            unknown ``gate``.
-    """
-
-    delta: float = 1e-3
-    entropy_keep_fraction: float | None = None
-    gate: str = "sequence"
-
-    def __post_init__(self) -> None:
-        _check_delta(self.delta)
-        if self.entropy_keep_fraction is not None:
-            _check_fraction(self.entropy_keep_fraction)
-        check_gate(self.gate)
-
-
-@dataclass(frozen=True)
-class GRPOConfig:
-    """GRPO hyper-parameters (Shao et al. 2024, arXiv 2402.03300; clip from arXiv 1707.06347 eq. 7).
-
-    Attributes:
-        group_size: ``n`` samples per prompt; must be >= 2 (with n = 1 every group-normalised
-            advantage is 0 and nothing would be learnt).
-        clip_eps: PPO clip range epsilon on the ratio pi_theta / mu (dimensionless).
-        std_eps: Added to the group reward standard deviation before dividing (reward units).
-
-    Raises:
-        ConfigError: ``group_size < 2``, ``clip_eps <= 0`` or ``std_eps < 0``.
-    """
-
-    group_size: int = 8
-    clip_eps: float = 0.2
-    std_eps: float = 1e-6
-
-    def __post_init__(self) -> None:
-        if self.group_size < 2:
-            raise ConfigError(
-                f"GRPO needs group_size >= 2 samples per prompt (got {self.group_size}): with one "
-                "sample the group baseline makes every advantage 0"
-            )
-        if not self.clip_eps > 0:
-            raise ConfigError(f"clip_eps must be > 0, got {self.clip_eps}")
-        if not self.std_eps >= 0:
-            raise ConfigError(f"std_eps must be >= 0, got {self.std_eps}")
-
-
 def _check_delta(delta: float) -> None:
     if not (isinstance(delta, (int, float)) and math.isfinite(delta) and delta >= 0):
         raise ConfigError(f"gate delta must be a finite number >= 0, got {delta!r}")

@@ -27,8 +27,8 @@ Paths:
   ``BaseDistributedActor`` rendezvous; ``slow`` test).
 * GPU only, NOT TESTED HERE (no GPU in CI): ``strategy.setup_distributed()`` with NCCL and a CUDA
   mesh, bf16, FusedAdam (``benchmarks/gpu_check.py`` runs one update through it on one GPU);
-  :class:`RayLearnerGroup` with one GPU per actor; :class:`VLLMWeightSync` (OpenRLHF's NCCL weight
-  broadcast from DeepSpeed rank 0 to its vLLM engines; never run). They are marked ``GPU-only``.
+  :class:`RayLearnerGroup` with one GPU per actor. They are marked ``GPU-only``. Weights reach a
+  vLLM engine through the engine's own ``update_weights`` (:mod:`agentenv.engines.vllm_engine`).
 
 Checkpoints (``save`` / ``restore``, used by ``agentenv train`` through ``CheckpointManager``): the
 full weights as ``model.safetensors`` plus DeepSpeed's own ``engine.save_checkpoint`` output (module,
@@ -83,7 +83,6 @@ __all__ = [
     "OpenRLHFBackendConfig",
     "OpenRLHFLearner",
     "RayLearnerGroup",
-    "VLLMWeightSync",
     "make_strategy",
     "run_cpu_data_parallel",
 ]
@@ -522,20 +521,6 @@ class OpenRLHFLearner:
             dist.barrier()
         return path
 
-    def full_gradients(self) -> dict[str, torch.Tensor]:
-        """Full (reduced) gradients DeepSpeed holds between the last backward of a step and the step.
-
-        For debugging; after :meth:`update` they are already consumed.
-        """
-        from deepspeed.utils import safe_get_full_grad
-
-        out = {}
-        for n, p in self.engine.module.named_parameters():
-            g = safe_get_full_grad(p)
-            if g is not None:
-                out[n] = g.detach().cpu().clone()
-        return out
-
     # -- helpers -------------------------------------------------------------------------------
     def _gather(self, obj: Any) -> list[Any]:
         if self.world_size == 1:
@@ -779,69 +764,3 @@ class _LearnerActor:
 
     def weights_for_engine(self, path: str | None = None) -> Any:
         return self.learner.weights_for_engine(path)
-
-
-class VLLMWeightSync:
-    """GPU-only (untested here): OpenRLHF's NCCL weight broadcast from DeepSpeed rank 0 to vLLM engines.
-
-    Mirrors ``ActorPPOTrainer._init_vllm_sync_group`` and ``broadcast_to_vllm`` of OpenRLHF 0.11.2:
-    a stateless process group joins DeepSpeed rank 0 (rank 0 of the group) and every vLLM worker of
-    the engines created by ``openrlhf.trainer.ray.create_vllm_engines``; each parameter (gathered under
-    ZeRO-3) is announced to the engines (``update_weight.remote``) and broadcast from rank 0. Prefix
-    caches are reset so no KV block computed by the old weights is reused.
-
-    The engines' ``WorkerWrap.update_weight`` asserts that the broadcast dtype equals the vLLM model
-    dtype, so the learner must train in that dtype (``param_dtype="bf16"`` for a bf16 engine).
-
-    Args:
-        learner: The rank's learner.
-        vllm_engines: OpenRLHF ``RolloutRayActor`` handles.
-        tensor_parallel_size: vLLM tensor-parallel size of each engine.
-    """
-
-    def __init__(
-        self, learner: OpenRLHFLearner, vllm_engines: list[Any], tensor_parallel_size: int = 1
-    ) -> None:
-        import ray
-        from openrlhf.utils.distributed_util import stateless_init_process_group
-
-        self.learner = learner
-        self.engines = vllm_engines
-        self.group = None
-        if learner.rank == 0:
-            addr = ray._private.services.get_node_ip_address()
-            port = _free_port()
-            world = len(vllm_engines) * tensor_parallel_size + 1
-            refs = [
-                # RolloutRayActor.init_process_group(addr, port, rank_offset, world, group, backend, use_ray)
-                e.init_process_group.remote(
-                    addr, port, i * tensor_parallel_size + 1, world, "agentenv", "nccl", False
-                )
-                for i, e in enumerate(vllm_engines)
-            ]
-            self.group = stateless_init_process_group(addr, port, 0, world, torch.cuda.current_device())
-            ray.get(refs)
-        dist.barrier()
-
-    def broadcast(self) -> None:
-        """Send every parameter to the engines (collective over the DeepSpeed ranks)."""
-        import deepspeed
-        import ray
-
-        if self.learner.rank == 0:
-            ray.get([e.reset_prefix_cache.remote() for e in self.engines])
-        named = list(self.learner.engine.module.named_parameters())
-        zero3 = self.learner.backend.zero_stage == 3
-        for count, (name, p) in enumerate(named, start=1):
-            with deepspeed.zero.GatheredParameters([p], enabled=zero3):
-                if self.learner.rank == 0:
-                    shape = p.ds_shape if zero3 else p.shape
-                    refs = [
-                        e.update_weight.remote(
-                            name, dtype=p.dtype, shape=shape, empty_cache=count == len(named)
-                        )
-                        for e in self.engines
-                    ]
-                    self.group.broadcast(p.data, src=0, stream=torch.cuda.current_stream())
-                    ray.get(refs)
-        dist.barrier()

@@ -10,7 +10,7 @@ import pytest
 
 from agentenv.errors import ClosedError
 from agentenv.trainer.learner import Learner, OptimConfig
-from agentenv.trainer.metrics import MetricsWriter, flatten, update_record
+from agentenv.trainer.metrics import MetricsWriter, flatten
 
 from .conftest import make_trajectories, tiny_model
 
@@ -29,7 +29,7 @@ def test_update_metrics_to_jsonl_and_tensorboard(tmp_path):
         for _ in range(2):
             st = learner.update(trajs)
             decision = _Decision(occupancy=9, rejected=2, ws=[1, 2, 3])
-            w.log(learner.version, update_record(st, decision, note=1.5))
+            w.log(learner.version, {**st.to_metrics(), **flatten(decision, "pool"), "note": 1.5})
         w.log(3, {"a": float("nan"), "nested": {"b": 2}})
     lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in lines] == [1, 2, 3]

@@ -9,9 +9,8 @@ import pytest
 import torch
 
 from agentenv.errors import ConfigError, DataError
+from agentenv.trainer.learner import OptimConfig
 from agentenv.trainer.objectives import (
-    FlashReinforceConfig,
-    GRPOConfig,
     ObjectiveStats,
     batch_mean_advantages,
     bernoulli_kl_gate,
@@ -180,12 +179,12 @@ def test_errors():
     with pytest.raises(ValueError, match="delta"):
         flash_reinforce_loss(lq, lq, mask, delta=-1e-3, **ok)
     with pytest.raises(ValueError, match="delta"):
-        FlashReinforceConfig(delta=-0.1)
+        OptimConfig(delta=-0.1)
     for q in (-0.1, 1.5):
         with pytest.raises(ValueError, match="fraction"):
             flash_reinforce_loss(lq, lq, mask, entropies=torch.zeros(2, 2), entropy_keep_fraction=q, **ok)
         with pytest.raises(ValueError, match="fraction"):
-            FlashReinforceConfig(entropy_keep_fraction=q)
+            OptimConfig(entropy_keep_fraction=q)
     with pytest.raises(ValueError, match="T_i=2"):
         flash_reinforce_loss(lq, lq, mask, adv, torch.tensor([2, 2]), 2)
     with pytest.raises(ValueError, match="batch_size"):
@@ -225,8 +224,8 @@ def test_group_advantages_and_config():
     assert torch.equal(a[4:], torch.zeros(4))
     with pytest.raises(ConfigError, match="n = 1"):
         group_advantages(r, 1)
-    with pytest.raises(ConfigError, match="group_size"):
-        GRPOConfig(group_size=1)
+    with pytest.raises(ConfigError, match="grpo_group_size >= 2"):
+        OptimConfig(objective="grpo", grpo_group_size=1)
     with pytest.raises(DataError, match="whole number"):
         group_advantages(r[:7], 4)
 
