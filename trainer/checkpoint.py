@@ -41,6 +41,7 @@ import numpy as np
 import torch
 
 from agentenv.errors import CheckpointError
+from agentenv.trainer.learner_contract import PolicyLearner
 from agentenv.trainer.pause import pause_point
 
 __all__ = [
@@ -358,7 +359,7 @@ class CheckpointManager:
         self.root = Path(root)
         self.keep = keep
 
-    def save(self, learner: Any, *, pool_state: Mapping[str, Any] | None = None,
+    def save(self, learner: PolicyLearner, *, pool_state: Mapping[str, Any] | None = None,
              extra: Mapping[str, Any] | None = None) -> Path:
         """Save the learner's model, optimizer, scheduler and version atomically (:func:`save_checkpoint`).
 
@@ -367,7 +368,7 @@ class CheckpointManager:
         """
         return learner.save(self.root, pool_state=pool_state, extra=extra, keep=self.keep)
 
-    def load_latest(self, learner: Any) -> dict[str, Any]:
+    def load_latest(self, learner: PolicyLearner) -> dict[str, Any]:
         """Restore the newest checkpoint into ``learner`` (its ``version`` included).
 
         Returns:

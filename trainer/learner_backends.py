@@ -32,6 +32,7 @@ import torch
 from agentenv.engines.sampling import SamplingTransform
 from agentenv.errors import ConfigError
 from agentenv.trainer.config import TrainConfig
+from agentenv.trainer.learner_contract import PolicyLearner
 
 __all__ = ["build_learner", "backend_config", "sampling_transform"]
 
@@ -65,7 +66,7 @@ def sampling_transform(cfg: TrainConfig) -> SamplingTransform:
     return SamplingTransform(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k)
 
 
-def build_learner(cfg: TrainConfig, model: torch.nn.Module, *, warmed_up: bool = False) -> Any:
+def build_learner(cfg: TrainConfig, model: torch.nn.Module, *, warmed_up: bool = False) -> PolicyLearner:
     """The learner ``cfg.learner`` names, on ``model`` (policy version 0).
 
     Args:
@@ -96,7 +97,7 @@ def build_learner(cfg: TrainConfig, model: torch.nn.Module, *, warmed_up: bool =
     return _ray_group(cfg, model, warmed_up=warmed_up)
 
 
-def _ray_group(cfg: TrainConfig, model: torch.nn.Module, *, warmed_up: bool) -> Any:
+def _ray_group(cfg: TrainConfig, model: torch.nn.Module, *, warmed_up: bool) -> PolicyLearner:
     try:
         import ray
     except ImportError as exc:

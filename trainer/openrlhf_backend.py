@@ -62,6 +62,7 @@ from torch import nn
 from agentenv.engines.sampling import SamplingTransform
 from agentenv.errors import ConfigError, DataError
 from agentenv.trainer.batching import PolicyBatch, build_batch, shard, split_micro_batches
+from agentenv.trainer.checkpoint import LoadedCheckpoint
 from agentenv.trainer.learner import (
     OptimConfig,
     UpdateStats,
@@ -455,7 +456,7 @@ class OpenRLHFLearner:
             pool_state=pool_state, extra=extra, keep=keep, write_state=self.save_state,
         )
 
-    def restore(self, path: Path | str) -> Any:
+    def restore(self, path: Path | str) -> LoadedCheckpoint:
         """Resume from a checkpoint folder or root written by :meth:`save` (version included).
 
         Raises:
@@ -672,7 +673,7 @@ class RayLearnerGroup:
         """Policy version (kept here, so reading it never waits for a running update)."""
         return self._version
 
-    def weights_for_engine(self, path: str | None = None) -> Any:
+    def weights_for_engine(self, path: Path | str | None = None) -> dict[str, torch.Tensor] | Path:
         """Full weights (or a file written by rank 0); ZeRO-3 gathers on all actors."""
         return self._all("weights_for_engine", path)
 
@@ -698,7 +699,7 @@ class RayLearnerGroup:
             pool_state=pool_state, extra=extra, keep=keep, write_state=write_state,
         )
 
-    def restore(self, path: Path | str) -> Any:
+    def restore(self, path: Path | str) -> LoadedCheckpoint:
         """Resume every actor from a checkpoint written by :meth:`save` (version included).
 
         Raises:

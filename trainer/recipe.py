@@ -58,6 +58,7 @@ from agentenv.trainer import setup
 from agentenv.trainer.checkpoint import CheckpointManager
 from agentenv.trainer.config import TrainConfig
 from agentenv.trainer.heldout import evaluate_held_out, held_out_tasks
+from agentenv.trainer.learner_contract import PolicyLearner
 from agentenv.trainer.metrics import MetricsWriter
 from agentenv.trainer.overlap import LoopBusy, overlap, timed_env_factory
 from agentenv.trainer.pause import pause_point
@@ -434,14 +435,14 @@ async def held_out(cfg: TrainConfig, engine: Any, renderer: Any, run_dir: Path, 
     return report.success_rate
 
 
-def _step(learner: Any, selection: Any) -> Any:
+def _step(learner: PolicyLearner, selection: Any) -> Any:
     """One learner update on the selected batch (in a worker thread), then the ``update`` pause point."""
     stats = learner.update(selection.batch, scores=selection.scores)
     pause_point("update")  # tests: AGENTENV_PAUSE_AT=update:K kills a run here (trainer/pause.py)
     return stats
 
 
-async def next_batch(pool: TrajectoryPool, learner: Any, cfg: TrainConfig, stop: asyncio.Event,
+async def next_batch(pool: TrajectoryPool, learner: PolicyLearner, cfg: TrainConfig, stop: asyncio.Event,
                      on_decision: Any, collector: RolloutCollector, learner_clock: BusyClock | None = None) -> Any:
     """Wait until the pool yields a full batch of B under the staleness policy (None when stopped).
 
@@ -492,7 +493,7 @@ class OffLoopScores:
         clock: The learner's busy clock, run while it scores (a fresh one by default).
     """
 
-    def __init__(self, learner: Any, clock: BusyClock | None = None) -> None:
+    def __init__(self, learner: PolicyLearner, clock: BusyClock | None = None) -> None:
         self.learner = learner
         self.clock = clock or BusyClock()
         self.cache: dict[str, torch.Tensor] = {}

@@ -54,6 +54,7 @@ from agentenv.trainer.checkpoint import (
     list_checkpoints,
     read_meta,
 )
+from agentenv.trainer.learner_contract import PolicyLearner
 
 logger = logging.getLogger(__name__)
 
@@ -153,7 +154,7 @@ def run_state(pool: Any, collector: Any, identity: dict[str, Any], run_dir: Path
             "resumes": {"count": resumed.count, "requeued_tasks": resumed.requeued_total}}
 
 
-def resume(run_dir: Path, checkpoints: CheckpointManager, learner: Any, pool: Any, collector: Any,
+def resume(run_dir: Path, checkpoints: CheckpointManager, learner: PolicyLearner, pool: Any, collector: Any,
            identity: dict[str, Any]) -> Resumed:
     """Restore a run from its latest checkpoint (the module docstring says what, in which order).
 

@@ -21,6 +21,7 @@ from agentenv.registration import checked_arguments, make, spec
 from agentenv.rollout import is_token_budget_cut
 from agentenv.step_latency import StepLatency
 from agentenv.trainer.config import TrainConfig
+from agentenv.trainer.learner_contract import PolicyLearner
 from agentenv.trajectory import Trajectory
 
 logger = logging.getLogger(__name__)
@@ -215,7 +216,7 @@ def warmed_up(cfg: TrainConfig, model: torch.nn.Module, tokenizer: Any, renderer
     return model
 
 
-def build_learner(cfg: TrainConfig, model: torch.nn.Module) -> Any:
+def build_learner(cfg: TrainConfig, model: torch.nn.Module) -> PolicyLearner:
     """The learner of ``cfg.learner.backend`` on ``model`` (:func:`agentenv.trainer.learner_backends.build_learner`)."""
     from agentenv.trainer.learner_backends import build_learner as build
 
