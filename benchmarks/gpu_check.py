@@ -188,7 +188,8 @@ def on_policy(trajs, scores):
 
 def bench_learner(args, model, device, clock, results) -> None:
     from agentenv.trainer.batching import build_batch, split_micro_batches
-    from agentenv.trainer.learner import Learner, OptimConfig, token_logprobs
+    from agentenv.trainer.forward import token_logprobs
+    from agentenv.trainer.learner import Learner, OptimConfig
     from agentenv.trainer.objectives import batch_mean_advantages, flash_reinforce_loss
 
     vocab = model.config.vocab_size

@@ -23,7 +23,7 @@ import torch
 from agentenv.errors import DataError
 from agentenv.trajectory import Trajectory
 
-__all__ = ["PolicyBatch", "build_batch", "micro_batch_rows", "shard", "split_micro_batches"]
+__all__ = ["PolicyBatch", "build_batch", "micro_batch_rows", "shard", "shard_offset", "split_micro_batches"]
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ class PolicyBatch:
         advantages: ``(b,)`` float32, filled by the learner over the *global* batch (zeros until then).
         gate_d: ``(b,)`` float32, FlashREINFORCE's gate statistic D_i (nats) when the gate was decided
             from a scoring pass before the training forward (zeros until then; see
-            :func:`agentenv.trainer.learner.prepare_batch`).
+            :func:`agentenv.trainer.update_step.prepare_batch`).
         gate_mask: ``(b, t)`` bool, the gate's token decision ``m_it`` when it was decided from a
             scoring pass (``optim.gate``: sequence, the admitted rows' policy tokens; token, each
             token's own; none, ``loss_mask``); a copy of ``loss_mask`` until then.
@@ -252,6 +252,12 @@ def micro_batch_rows(
     return groups
 
 
+def shard_offset(rows: int, rank: int, world_size: int) -> int:
+    """The first row of rank ``rank``'s share of ``rows`` rows (see :func:`shard`)."""
+    per, extra = divmod(rows, world_size)
+    return rank * per + min(rank, extra)
+
+
 def shard(batch: PolicyBatch, rank: int, world_size: int) -> PolicyBatch | None:
     """Rank ``rank``'s contiguous share of the rows for data parallelism (None when it gets none).
 
@@ -263,6 +269,6 @@ def shard(batch: PolicyBatch, rank: int, world_size: int) -> PolicyBatch | None:
     if not 0 <= rank < world_size:
         raise DataError(f"rank {rank} outside [0, {world_size})")
     per, extra = divmod(batch.num_rows, world_size)
-    start = rank * per + min(rank, extra)
+    start = shard_offset(batch.num_rows, rank, world_size)
     stop = start + per + (1 if rank < extra else 0)
     return batch.select(slice(start, stop)) if stop > start else None

@@ -17,53 +17,52 @@ skip is reported in :class:`UpdateStats` (``stepped = False``) and logged.
 
 from __future__ import annotations
 
-import inspect
 import logging
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 import torch
 
-from agentenv.engines.sampling import SamplingTransform, label_logprobs
+from agentenv.engines.sampling import SamplingTransform
 from agentenv.errors import ConfigError, DataError
 from agentenv.malloc import release_free_heap
-from agentenv.rollout import is_token_budget_cut
-from agentenv.trainer.batching import PolicyBatch, build_batch, micro_batch_rows, shard, split_micro_batches
-from agentenv.trainer.logprob_chunks import DEFAULT_CHUNK_TOKENS, chunked_label_logprobs, split_head
+from agentenv.trainer.batching import (
+    PolicyBatch,
+    build_batch,
+    micro_batch_rows,
+    shard,
+    shard_offset,
+    split_micro_batches,
+)
+from agentenv.trainer.forward import enable_gradient_checkpointing, shared_prefix, token_logprobs
+from agentenv.trainer.logprob_chunks import DEFAULT_CHUNK_TOKENS
 from agentenv.trainer.lr_schedule import SCHEDULES, apply_optim_settings, build_scheduler, log_applied
 from agentenv.trainer.objectives import (
-    ObjectiveOutput,
     ObjectiveStats,
     _check_delta,
     _check_fraction,
-    batch_mean_advantages,
     check_gate,
-    flash_reinforce_loss,
-    group_advantages,
-    grpo_loss,
-    masked_batch_mean_advantages,
-    trust_gate,
 )
-from agentenv.trainer.shared_prefix import SharedPrefix
+from agentenv.trainer.update_step import (
+    UpdateStats,
+    micro_batch_objective,
+    policy_log_ratios,
+    prepare_batch,
+    ratio_tail,
+    skipped_stats,
+    unscored_stats,
+    update_stats,
+)
 from agentenv.trajectory import Trajectory
 
 if TYPE_CHECKING:
     from agentenv.trainer.checkpoint import LoadedCheckpoint
 
-__all__ = [
-    "Learner",
-    "OptimConfig",
-    "UpdateStats",
-    "enable_gradient_checkpointing",
-    "prepare_batch",
-    "shared_prefix_length",
-    "token_logprobs",
-    "update_stats",
-]
+__all__ = ["Learner", "OptimConfig"]
 
 log = logging.getLogger(__name__)
 
@@ -215,255 +214,6 @@ class OptimConfig:
                 raise ConfigError(f"grpo_clip_eps must be > 0, got {self.grpo_clip_eps}")
 
 
-@dataclass(frozen=True)
-class UpdateStats:
-    """What one :meth:`Learner.update` did.
-
-    Attributes:
-        version: Policy version after the update (optimizer steps so far).
-        stepped: Whether an optimizer step was taken (False: zero-gradient batch skipped).
-        objective: Summed objective statistics over micro-batches and ranks.
-        loss: Full-batch loss value.
-        grad_norm: Global gradient L2 norm before clipping (0.0 when not stepped).
-        lr: Learning rate used for the step.
-        rows: B, rows trained on; excluded_rows: trajectories without policy tokens, dropped.
-        reward_mean: Mean episode return over the B rows.
-        mean_length: Mean policy tokens per row (tokens).
-        mean_sequence_length: Mean tokens per row, prompt and observations included.
-        seconds: Wall time of the update (seconds); tokens_per_second: sequence tokens / seconds.
-        extra: Backend-specific scalars merged into :meth:`to_metrics` as given.
-    """
-
-    version: int
-    stepped: bool
-    objective: ObjectiveStats
-    loss: float
-    grad_norm: float
-    lr: float
-    rows: int
-    excluded_rows: int
-    reward_mean: float
-    mean_length: float
-    mean_sequence_length: float
-    seconds: float
-    tokens_per_second: float
-    extra: dict[str, float] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, float]:
-        """Flat scalars without a prefix (``loss``, ``grad_norm``, ``admitted_fraction``, ...)."""
-        return {k.split("/", 1)[-1]: v for k, v in self.to_metrics().items()}
-
-    def to_metrics(self) -> dict[str, float]:
-        """A flat dict for :class:`agentenv.trainer.metrics.MetricsWriter` (``train/...`` keys)."""
-        o = self.objective
-        return {
-            "train/version": float(self.version),
-            "train/stepped": float(self.stepped),
-            "train/loss": self.loss,
-            "train/surrogate": o.surrogate_sum,
-            "train/grad_norm": self.grad_norm,
-            "train/lr": self.lr,
-            "train/rows": float(self.rows),
-            "train/excluded_rows": float(self.excluded_rows),
-            "gate/admitted_fraction": o.admitted_fraction,
-            "gate/admitted_token_fraction": o.admitted_token_fraction,
-            "gate/mean_d": o.mean_d,
-            "gate/mean_rho": o.mean_rho,
-            "train/clip_fraction": o.clip_fraction,
-            "train/advantage_mean": o.advantage_mean,
-            "train/advantage_std": o.advantage_std,
-            "train/kept_tokens": float(o.kept_tokens),
-            "train/policy_tokens": float(o.tokens),
-            "train/behaviour_entropy": o.behaviour_nll_sum / o.tokens if o.tokens else math.nan,
-            "train/policy_entropy": o.policy_entropy,
-            "reward/mean": self.reward_mean,
-            "length/policy_tokens_mean": self.mean_length,
-            "length/sequence_tokens_mean": self.mean_sequence_length,
-            "perf/update_seconds": self.seconds,
-            "perf/tokens_per_second": self.tokens_per_second,
-            **self.extra,
-        }
-
-
-#: Shortest shared prefix (tokens) worth a separate forward pass.
-MIN_SHARED_PREFIX = 16
-
-
-def shared_prefix_length(batch: PolicyBatch) -> int:
-    """Leading positions every row shares that hold no policy label: the part one KV cache can serve.
-
-    The prefix is the longest run of positions ``0..n-1`` where all rows hold the same real token
-    (the system prompt, the tool schemas; a GRPO group's whole prompt), capped so that every label
-    position ``j >= n`` is computed in the suffix pass: ``n <= `` the first label position holding
-    a policy token in any row (label ``j`` is predicted from position ``j``), and ``n <= L - 1``.
-
-    Returns:
-        ``n`` (tokens), 0 for a one-row batch.
-    """
-    ids, mask = batch.input_ids, batch.attention_mask
-    b, length = ids.shape
-    if b < 2 or length < 2:
-        return 0
-    same = (ids == ids[:1]).all(dim=0) & mask.bool().all(dim=0)
-    differs = (~same).nonzero()
-    n = int(differs[0]) if differs.numel() else length
-    policy = batch.loss_mask.any(dim=0).nonzero()
-    if policy.numel():
-        n = min(n, int(policy[0]))
-    return min(n, length - 1)
-
-
-def token_logprobs(
-    model: torch.nn.Module,
-    batch: PolicyBatch,
-    *,
-    with_entropy: bool = False,
-    sampling: SamplingTransform | None = None,
-    share_prefix: bool = False,
-    chunk_tokens: int | None = DEFAULT_CHUNK_TOKENS,
-    prefix: SharedPrefix | None = None,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Current log pi(label) at every policy-token label position, and optionally the entropy.
-
-    pi is the policy *as the engine samples from it*: ``sampling`` (the rollout's temperature, top-k
-    and top-p) is applied to the logits exactly as the engine did for the behaviour log mu
-    (:func:`agentenv.engines.sampling.label_logprobs`), differentiable through the temperature and the
-    renormalisation, so the gate and the ratio compare the same distribution. None (the identity:
-    temperature 1, no truncation) is plain ``log_softmax``.
-
-    The vocabulary projection runs only at label positions where some row holds a policy token
-    (``k`` of the ``t`` positions; ``logits_to_keep`` for a model that takes it). For a transformers
-    causal LM whose logits are ``lm_head(hidden)`` (:func:`agentenv.trainer.logprob_chunks.split_head`)
-    it runs ``chunk_tokens`` tokens at a time with the logits recomputed in the backward pass
-    (:func:`agentenv.trainer.logprob_chunks.chunked_label_logprobs`): no ``(b, k, V)`` float32 tensor
-    is ever alive, at most one ``(chunk_tokens, V)`` one.
-
-    With ``share_prefix`` (see :attr:`OptimConfig.share_prefix`), the ``n`` leading tokens all rows
-    share (:func:`shared_prefix_length`) run once as a ``(1, n)`` pass whose KV cache is repeated to
-    the ``b`` rows, and the rows run only their ``(b, L - n)`` suffixes against it. ``prefix`` gives
-    that KV cache ready-made (computed once for a whole batch of which ``batch`` is a subset of
-    rows); the gradient then stops at its leaves until :meth:`SharedPrefix.backward`. Either way the
-    values and the gradient are the plain pass's up to float rounding (``tests/trainer/test_learner.py``).
-
-    Args:
-        model: A causal LM returning ``.logits`` of shape ``(b, L, V)`` (or ``(b, k, V)`` when given
-            ``logits_to_keep`` as a ``(k,)`` index tensor); a DeepSpeed engine wrapping one is fine
-            (scored by its own forward pass, unchunked).
-        batch: The (micro-)batch.
-        with_entropy: Also return the entropy (nats) of the processed distribution (full vocabulary
-            under the identity), computed without gradient.
-        sampling: The behaviour transform; None is the identity.
-        share_prefix: Serve the shared prefix from one KV cache when the model allows it.
-        chunk_tokens: Tokens per vocabulary projection (> 0); None: one projection of all ``b * k``.
-        prefix: The shared prefix's KV cache for ``batch``'s first ``prefix.length`` tokens (all
-            before the first policy label), or None.
-
-    Returns:
-        ``(logprobs (b, t) float32 nats, entropy (b, t) float32 or None)``. Values at positions without
-        a policy token are finite but meaningless (0 where the projection was skipped); the objectives
-        mask them with ``loss_mask``.
-    """
-    b, t = batch.labels.shape
-    keep = batch.loss_mask.any(dim=0).nonzero().squeeze(1)
-    if prefix is None and share_prefix and keep.numel():
-        prefix = shared_prefix(model, batch, leaves=False)
-    parts = split_head(model) if chunk_tokens is not None else None
-    if parts is not None:
-        decoder, head = parts
-        if prefix is not None:
-            hidden = _suffix_forward(decoder, batch, prefix).last_hidden_state[:, keep - prefix.length]
-        else:
-            hidden = decoder(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                             use_cache=False).last_hidden_state[:, keep]
-        lp, ent = chunked_label_logprobs(hidden, head, batch.labels[:, keep], sampling, chunk_tokens,
-                                         with_entropy=with_entropy)
-    else:
-        if prefix is not None:
-            logits = _suffix_forward(model, batch, prefix, logits_to_keep=keep - prefix.length).logits
-        elif _accepts_logits_to_keep(model) and 0 < keep.numel() < t:
-            logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, logits_to_keep=keep).logits
-        else:
-            keep = None
-            logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1]
-        labels = batch.labels if keep is None else batch.labels[:, keep]
-        lp, ent = label_logprobs(logits.float(), labels, sampling, with_entropy=with_entropy)
-    if keep is not None:
-        lp = lp.new_zeros(b, t).index_copy(1, keep, lp)
-        ent = None if ent is None else ent.new_zeros(b, t).index_copy(1, keep, ent)
-    return lp, ent
-
-
-def shared_prefix(model: torch.nn.Module, batch: PolicyBatch, *, leaves: bool) -> SharedPrefix | None:
-    """The KV cache of ``batch``'s shared prefix (:func:`shared_prefix_length`), or None.
-
-    None when the model cannot serve rows from a cache (:func:`_can_share_prefix`) or the prefix is
-    shorter than :data:`MIN_SHARED_PREFIX` tokens (or the batch has one row). ``leaves``: see
-    :class:`agentenv.trainer.shared_prefix.SharedPrefix`.
-    """
-    if not _can_share_prefix(model):
-        return None
-    n = shared_prefix_length(batch)
-    if n < MIN_SHARED_PREFIX:
-        return None
-    parts = split_head(model)
-    runner = parts[0] if parts is not None else model
-    return SharedPrefix(runner, model.config, batch.input_ids[0, :n], leaves=leaves)
-
-
-def _suffix_forward(model: torch.nn.Module, batch: PolicyBatch, prefix: SharedPrefix, **kw: object) -> object:
-    """``model``'s output on the rows' tokens after the prefix (positions ``n..L-1``), served from its cache."""
-    from agentenv.engines.kv_cache import cache_keyword
-
-    b, length = batch.input_ids.shape
-    n = prefix.length
-    positions = torch.arange(n, length, device=batch.input_ids.device).expand(b, -1)
-    return model(
-        input_ids=batch.input_ids[:, n:], attention_mask=batch.attention_mask, position_ids=positions,
-        use_cache=True, **{cache_keyword(model): prefix.cache(b)}, **kw,
-    )
-
-
-def _can_share_prefix(model: torch.nn.Module) -> bool:
-    """A transformers causal LM itself (not a wrapper) that keeps a KV cache in this mode."""
-    try:
-        from transformers import PreTrainedModel
-    except ImportError:  # pragma: no cover - transformers is a core dependency
-        return False
-    if not isinstance(model, PreTrainedModel) or not _accepts_logits_to_keep(model):
-        return False
-    flag = "is_activation_checkpointing"  # transformers >= 5.x; older releases name it is_gradient_...
-    if not hasattr(model, flag):
-        flag = "is_gradient_checkpointing"
-    return not getattr(model, flag, False)
-
-
-def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
-    """Turn on non-reentrant activation checkpointing for a transformers model (training mode only).
-
-    Raises:
-        ConfigError: The model has no ``gradient_checkpointing_enable`` (not a transformers model).
-    """
-    inner = getattr(model, "module", model)
-    kwargs = {"use_reentrant": False}
-    if hasattr(inner, "activation_checkpointing_enable"):  # transformers >= 5.x names it so
-        inner.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
-    elif hasattr(inner, "gradient_checkpointing_enable"):
-        inner.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-    else:
-        raise ConfigError(f"optim.gradient_checkpointing needs a transformers model, not {type(inner).__name__}")
-    if getattr(inner, "config", None) is not None:
-        inner.config.use_cache = False  # a KV cache is useless in a training forward pass
-
-
-def _accepts_logits_to_keep(model: torch.nn.Module) -> bool:
-    """Whether ``model`` (or the module a DeepSpeed engine wraps) takes a ``logits_to_keep`` argument."""
-    inner = getattr(model, "module", model)
-    try:
-        return "logits_to_keep" in inspect.signature(inner.forward).parameters
-    except (TypeError, ValueError):
-        return False
-
-
 class Learner:
     """Single-process FlashREINFORCE/GRPO learner for a transformers causal LM.
 
@@ -593,7 +343,7 @@ class Learner:
         stats = ObjectiveStats()
         if mine is None:
             return stats
-        offset = _shard_offset(batch.num_rows, rank, world)
+        offset = shard_offset(batch.num_rows, rank, world)
         adm_mine = admitted[offset : offset + mine.num_rows] if admitted is not None else None
         release_free_heap()  # freed blocks of the last step leave the process before this one's activations
         prefix = shared_prefix(self.model, mine, leaves=True) if cfg.share_prefix else None
@@ -603,7 +353,7 @@ class Learner:
             adm = adm_mine[torch.as_tensor(rows)] if adm_mine is not None else None
             if adm is not None and not bool((adm & (mb.advantages != 0)).any()):
                 # No row here carries gradient: skip the forward, keep the bookkeeping.
-                stats = stats + _skipped_stats(mb, adm)
+                stats = stats + skipped_stats(mb, adm)
                 continue
             mb = mb.to(self.device)
             lp, ent = token_logprobs(self.model, mb, with_entropy=True, sampling=self.sampling,
@@ -754,209 +504,10 @@ class Learner:
 
 
 # -- shared by the learners (this one and agentenv.trainer.openrlhf_backend) ---------------------------
-def prepare_batch(
-    trajectories: Sequence[Trajectory], scores: Sequence[torch.Tensor] | None, config: OptimConfig,
-    pad_token_id: int,
-) -> tuple[PolicyBatch, torch.Tensor | None]:
-    """Padded batch with its global advantages and, given ``scores``, FlashREINFORCE's gate decision.
-
-    Args:
-        trajectories: The fresh batch (B trajectories).
-        scores: Current log pi(a_t) per trajectory (one ``(T_i,)`` tensor or array each, in order), the
-            gate's ``q``; None leaves the gate to the training forward. GRPO ignores them.
-        config: Objective settings (``objective``, ``grpo_group_size``, ``delta``, ``gate``).
-        pad_token_id: Pad id.
-
-    Trajectories cut by a token budget are treated as ``config.truncation`` says (:class:`OptimConfig`).
-
-    Returns:
-        ``(batch, admitted)``: advantages ``A_i = R_i - mean R`` over all B rows (GRPO: per group;
-        ``max(A_i, 0)`` under ``config.advantage_clip_negative``);
-        ``admitted`` is ``(B,)`` bool from the scores (rows that keep any gradient under
-        ``config.gate``), or None; the tokens' decision ``m_it`` goes in ``batch.gate_mask``.
-
-    Raises:
-        DataError: empty batch, malformed trajectory, scores not matching the trajectories.
-        ConfigError: GRPO with a batch that is not whole groups.
-    """
-    batch = build_batch(trajectories, pad_token_id)
-    cut = torch.tensor([is_token_budget_cut(trajectories[k]) for k in batch.source_index], dtype=torch.bool)
-    rewards = batch.rewards
-    if config.truncation == "penalty":
-        rewards = rewards - config.truncation_penalty * cut.float()
-    if config.objective == "grpo":
-        adv = group_advantages(rewards, config.grpo_group_size)
-    elif config.truncation == "mask":
-        adv = masked_batch_mean_advantages(rewards, ~cut)
-    else:
-        adv = batch_mean_advantages(rewards)
-    failed = adv < 0  # before the clamp below: the entropy filter's failed rows stay failed
-    if config.advantage_clip_negative:  # A = max(A, 0): no negative feedback (OptimConfig)
-        adv = adv.clamp(min=0.0)
-    batch = replace(batch, advantages=adv.float(), failed=failed)
-    admitted = None
-    if scores is not None and config.objective == "flash_reinforce":
-        if len(scores) != len(trajectories):
-            raise DataError(f"{len(scores)} score tensors for {len(trajectories)} trajectories")
-        q = torch.zeros_like(batch.behaviour_logprobs)
-        for i, (tid, k) in enumerate(zip(batch.ids, batch.source_index, strict=True)):
-            s = torch.as_tensor(scores[k]).float().reshape(-1)
-            if s.numel() != int(batch.lengths[i]):
-                raise DataError(
-                    f"trajectory {tid}: {s.numel()} scores for {int(batch.lengths[i])} policy tokens"
-                )
-            q[i][batch.loss_mask[i]] = s
-        decision = trust_gate(q, batch.behaviour_logprobs, batch.loss_mask, config.delta, config.gate)
-        admitted = decision.rows
-        batch = replace(batch, gate_d=decision.d.float(), gate_mask=decision.tokens)
-    return batch, admitted
-
-
-def update_stats(
-    batch: PolicyBatch, stats: ObjectiveStats, *, version: int, stepped: bool, grad_norm: float, lr: float,
-    seconds: float, extra: dict[str, float] | None = None,
-) -> UpdateStats:
-    """The :class:`UpdateStats` of one update on ``batch`` (lengths in tokens, ``seconds`` wall time)."""
-    seq_tokens = int(batch.attention_mask.sum())
-    return UpdateStats(
-        version=version,
-        stepped=stepped,
-        objective=stats,
-        loss=stats.loss_sum,
-        grad_norm=grad_norm,
-        lr=lr,
-        rows=batch.num_rows,
-        excluded_rows=batch.excluded_rows,
-        reward_mean=float(batch.rewards.mean()),
-        mean_length=float(batch.lengths.float().mean()),
-        mean_sequence_length=seq_tokens / batch.num_rows,
-        seconds=seconds,
-        tokens_per_second=seq_tokens / seconds if seconds > 0 else math.nan,
-        extra=dict(extra or {}),
-    )
-
-
-def micro_batch_objective(
-    logprobs: torch.Tensor, entropies: torch.Tensor, mb: PolicyBatch, batch: PolicyBatch, config: OptimConfig,
-    admitted: torch.Tensor | None,
-) -> ObjectiveOutput:
-    """The objective's loss and statistics on one scored micro-batch: the micro-step every learner backend runs.
-
-    FlashREINFORCE (:func:`agentenv.trainer.objectives.flash_reinforce_loss`) or GRPO
-    (:func:`agentenv.trainer.objectives.grpo_loss`) per ``config.objective``, with the global
-    denominators of ``batch`` (B, the policy-token count N), so micro-batch losses add up to the
-    full-batch loss. The statistics also carry the exact entropy of pi_theta over ``mb``'s policy
-    tokens (``entropy_sum``, ``entropy_tokens``).
-
-    Args:
-        logprobs: ``(b, t)`` log pi_theta from :func:`token_logprobs`, with gradient (b: ``mb``'s rows).
-        entropies: ``(b, t)`` entropy of pi_theta under the sampling transform (nats), no gradient.
-        mb: The micro-batch (rows of ``batch``), on the logprobs' device.
-        batch: The whole (global) batch the micro-batch comes from.
-        config: The objective's settings.
-        admitted: ``(b,)`` bool precomputed gate decision for ``mb``'s rows, or None to gate on
-            ``logprobs`` (FlashREINFORCE; GRPO ignores it).
-
-    Returns:
-        :class:`ObjectiveOutput`; call ``loss.backward()`` (scaled as the backend needs) when it
-        requires grad.
-    """
-    if config.objective == "grpo":
-        out = grpo_loss(
-            logprobs, mb.behaviour_logprobs, mb.loss_mask, mb.advantages, mb.lengths, batch.global_tokens,
-            clip_eps=config.grpo_clip_eps, row_ids=mb.ids,
-        )
-    else:
-        out = flash_reinforce_loss(
-            logprobs, mb.behaviour_logprobs, mb.loss_mask, mb.advantages, mb.lengths,
-            batch.global_batch_size, delta=config.delta,
-            admitted=admitted.to(logprobs.device) if admitted is not None else None, gate_d=mb.gate_d,
-            entropies=entropies, entropy_keep_fraction=config.entropy_keep_fraction, failed=mb.failed,
-            row_ids=mb.ids,
-            total_tokens=batch.global_tokens if config.loss_aggregation == "token_mean" else None,
-            gate=config.gate, token_admitted=mb.gate_mask if admitted is not None else None,
-        )
-    mask = mb.loss_mask.to(entropies.device)
-    stats = replace(out.stats, entropy_sum=float(entropies.detach()[mask].double().sum()),
-                    entropy_tokens=int(mask.sum()))
-    return replace(out, stats=stats)
-
-
-def policy_log_ratios(logprobs: torch.Tensor, batch: PolicyBatch) -> torch.Tensor:
-    """``log pi - log mu`` at the policy tokens of ``batch`` (nats), a detached 1-d float32 CPU tensor.
-
-    Args:
-        logprobs: ``(b, t)`` current log pi from :func:`token_logprobs`.
-        batch: The (micro-)batch they were computed on.
-    """
-    mask = batch.loss_mask.to(logprobs.device)
-    return (logprobs.detach().float() - batch.behaviour_logprobs.to(logprobs.device))[mask].cpu()
-
-
-def ratio_tail(log_ratios: Sequence[torch.Tensor]) -> dict[str, float]:
-    """The tail of the importance ratio ``rho = pi / mu`` over the given policy tokens.
-
-    Returns:
-        ``{"gate/rho_p99": ..., "gate/rho_max": ..., "gate/rho_min": ...}`` (ratios, not logs; the
-        99th percentile by linear interpolation), or ``{}`` when no token was scored (a skipped or
-        zero-advantage batch).
-    """
-    values = torch.cat(list(log_ratios)) if log_ratios else torch.zeros(0)
-    if values.numel() == 0:
-        return {}
-    values = values.double()
-    return {
-        "gate/rho_p99": float(torch.quantile(values, 0.99).exp()),
-        "gate/rho_max": float(values.max().exp()),
-        "gate/rho_min": float(values.min().exp()),
-    }
-
-
-def unscored_stats(batch: PolicyBatch) -> ObjectiveStats:
-    """The statistics of a batch that ran no forward pass: counts, advantages and behaviour only.
-
-    The gate was not evaluated, so ``d_sum`` is NaN (``gate/mean_d`` logs NaN) and no row counts as
-    admitted; no token carries gradient.
-    """
-    adv = batch.advantages.double()
-    return ObjectiveStats(
-        rows=batch.num_rows,
-        tokens=int(batch.lengths.sum()),
-        d_sum=math.nan,
-        adv_sum=float(adv.sum()),
-        adv_sq_sum=float((adv * adv).sum()),
-        behaviour_nll_sum=float(-batch.behaviour_logprobs[batch.loss_mask].double().sum()),
-    )
-
-
-# -- helpers ---------------------------------------------------------------------------------------
-def _replace_adv(batch: PolicyBatch, adv: torch.Tensor) -> PolicyBatch:
-    return replace(batch, advantages=adv)
-
-
-def _skipped_stats(mb: PolicyBatch, adm: torch.Tensor) -> ObjectiveStats:
-    adv = mb.advantages.double()
-    return ObjectiveStats(
-        rows=mb.num_rows,
-        admitted=int(adm.sum()),
-        admitted_tokens=int((mb.gate_mask & mb.loss_mask & adm.unsqueeze(1)).sum()),
-        tokens=int(mb.lengths.sum()),
-        d_sum=float(mb.gate_d.double().sum()),
-        adv_sum=float(adv.sum()),
-        adv_sq_sum=float((adv * adv).sum()),
-        behaviour_nll_sum=float(-mb.behaviour_logprobs[mb.loss_mask].double().sum()),
-    )
-
-
 def _rank_world() -> tuple[int, int]:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return torch.distributed.get_rank(), torch.distributed.get_world_size()
     return 0, 1
-
-
-def _shard_offset(rows: int, rank: int, world: int) -> int:
-    per, extra = divmod(rows, world)
-    return rank * per + min(rank, extra)
 
 
 def _all_reduce_grads(params: Sequence[torch.Tensor]) -> None:

@@ -3,7 +3,7 @@
 :class:`PolicyLearner` is met by the single-process :class:`agentenv.trainer.learner.Learner`, the
 DeepSpeed :class:`agentenv.trainer.openrlhf_backend.OpenRLHFLearner` and the Ray
 :class:`agentenv.trainer.openrlhf_backend.RayLearnerGroup`. All three run the same micro-step
-(:func:`agentenv.trainer.learner.micro_batch_objective`) and report :class:`UpdateStats`.
+(:func:`agentenv.trainer.update_step.micro_batch_objective`) and report :class:`UpdateStats`.
 ``tests/trainer/test_learner_contract.py`` checks each backend's members and signatures against it.
 """
 
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     import torch
 
     from agentenv.trainer.checkpoint import LoadedCheckpoint
-    from agentenv.trainer.learner import UpdateStats
+    from agentenv.trainer.update_step import UpdateStats
     from agentenv.trajectory import Trajectory
 
 __all__ = ["PolicyLearner"]

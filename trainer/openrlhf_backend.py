@@ -3,7 +3,7 @@
 The policy is wrapped by OpenRLHF 0.11.2's :class:`openrlhf.utils.deepspeed.DeepspeedStrategy`
 (``strategy.prepare((model, cfg))`` builds the DeepSpeed engine, AdamW and the scheduler;
 ``strategy.backward`` / ``strategy.optimizer_step`` drive it). Each micro-step's loss is
-:func:`agentenv.trainer.learner.micro_batch_objective`, the one the single-process learner runs
+:func:`agentenv.trainer.update_step.micro_batch_objective`, the one the single-process learner runs
 (FlashREINFORCE or GRPO from :mod:`agentenv.trainer.objectives`), not OpenRLHF's ``PolicyLoss``;
 ``tests/trainer/test_openrlhf_loss.py`` cross-checks the two on the same inputs.
 
@@ -61,23 +61,22 @@ from torch import nn
 
 from agentenv.engines.sampling import SamplingTransform
 from agentenv.errors import ConfigError, DataError
-from agentenv.trainer.batching import PolicyBatch, build_batch, shard, split_micro_batches
+from agentenv.trainer.batching import PolicyBatch, build_batch, shard, shard_offset, split_micro_batches
 from agentenv.trainer.checkpoint import LoadedCheckpoint
-from agentenv.trainer.learner import (
-    OptimConfig,
+from agentenv.trainer.forward import enable_gradient_checkpointing, token_logprobs
+from agentenv.trainer.learner import OptimConfig
+from agentenv.trainer.lr_schedule import apply_optim_settings, build_scheduler, log_applied
+from agentenv.trainer.objectives import ObjectiveStats
+from agentenv.trainer.openrlhf_compat import import_openrlhf
+from agentenv.trainer.update_step import (
     UpdateStats,
-    enable_gradient_checkpointing,
     micro_batch_objective,
     policy_log_ratios,
     prepare_batch,
     ratio_tail,
-    token_logprobs,
     unscored_stats,
     update_stats,
 )
-from agentenv.trainer.lr_schedule import apply_optim_settings, build_scheduler, log_applied
-from agentenv.trainer.objectives import ObjectiveStats
-from agentenv.trainer.openrlhf_compat import import_openrlhf
 from agentenv.trajectory import Trajectory
 
 __all__ = [
@@ -407,7 +406,7 @@ class OpenRLHFLearner:
         cfg = self.config
         mine = shard(batch, self.rank, self.world_size)
         micro = [] if mine is None else split_micro_batches(mine, cfg.micro_batch_size)
-        offset = _shard_offset(batch.num_rows, self.rank, self.world_size)
+        offset = shard_offset(batch.num_rows, self.rank, self.world_size)
         scale = float(self.gas * self.world_size)  # undo DeepSpeed's 1/gas and 1/dp (module doc)
         stats, norm = ObjectiveStats(), 0.0
         self.engine.train()
@@ -535,11 +534,6 @@ def _grad_norm(params: Any) -> float:
     """Global L2 norm of the ``.grad`` of ``params`` (float64 accumulation)."""
     sq = sum(float(p.grad.double().pow(2).sum()) for p in params if p.grad is not None)
     return math.sqrt(sq)
-
-
-def _shard_offset(rows: int, rank: int, world: int) -> int:
-    per, extra = divmod(rows, world)
-    return rank * per + min(rank, extra)
 
 
 # ---------------------------------------------------------------------------------------------

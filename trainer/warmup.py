@@ -18,7 +18,7 @@ import torch
 
 from agentenv.errors import ConfigError, Interrupted
 from agentenv.trainer.batching import build_batch
-from agentenv.trainer.learner import token_logprobs
+from agentenv.trainer.forward import token_logprobs
 from agentenv.trajectory import Trajectory
 
 

@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from agentenv.errors import ConfigError, DataError
-from agentenv.trainer.learner import OptimConfig, prepare_batch
+from agentenv.trainer.learner import OptimConfig
 from agentenv.trainer.objectives import flash_reinforce_loss
+from agentenv.trainer.update_step import prepare_batch
 from tests.trainer.conftest import make_trajectories
 
 

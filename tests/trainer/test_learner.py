@@ -70,7 +70,7 @@ def test_gradient_matches_hand_written_loss_and_ignores_micro_batching():
     for mbs in (1, 3):
         learner.config = OptimConfig(micro_batch_size=mbs, delta=10.0)
         if mbs == 3:  # activation checkpointing recomputes, it does not change the gradient
-            from agentenv.trainer.learner import enable_gradient_checkpointing
+            from agentenv.trainer.forward import enable_gradient_checkpointing
 
             enable_gradient_checkpointing(model)
             assert model.model.gradient_checkpointing
@@ -307,7 +307,7 @@ def test_score_and_gate_follow_positions_not_ids():
 
 def test_token_logprobs_projects_only_policy_positions_with_the_same_values():
     from agentenv.trainer.batching import build_batch
-    from agentenv.trainer.learner import token_logprobs
+    from agentenv.trainer.forward import token_logprobs
 
     model = tiny_model(13)
 
@@ -348,13 +348,13 @@ def _with_system_prompt(trajs, n: int, seed: int) -> list[Trajectory]:
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_shared_prefix_pass_gives_the_plain_values_and_gradient(arch, monkeypatch):
     """The system prompt all rows share runs once; log pi, the loss and the gradient do not change."""
-    from agentenv.trainer import learner as learner_module
+    from agentenv.trainer import forward as forward_module
     from agentenv.trainer.batching import build_batch
-    from agentenv.trainer.learner import shared_prefix_length
+    from agentenv.trainer.forward import shared_prefix_length
 
     calls = []
-    real = learner_module._suffix_forward
-    monkeypatch.setattr(learner_module, "_suffix_forward", lambda *a, **k: calls.append(a[2].length) or real(*a, **k))
+    real = forward_module._suffix_forward
+    monkeypatch.setattr(forward_module, "_suffix_forward", lambda *a, **k: calls.append(a[2].length) or real(*a, **k))
 
     trajs = _with_system_prompt(make_trajectories(6, seed=21), 24, seed=21)
     # rows share exactly the 24 system tokens (their own prompts differ right after)
@@ -384,7 +384,7 @@ def test_shared_prefix_pass_gives_the_plain_values_and_gradient(arch, monkeypatc
 
 def test_shared_prefix_length_stops_at_the_first_policy_token_and_differing_tokens():
     from agentenv.trainer.batching import build_batch
-    from agentenv.trainer.learner import shared_prefix_length
+    from agentenv.trainer.forward import shared_prefix_length
 
     a = Trajectory(id="a")
     a.append_environment_tokens([5, 6, 7, 8])

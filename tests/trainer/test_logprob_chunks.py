@@ -7,7 +7,8 @@ import torch
 
 from agentenv.engines.sampling import SamplingTransform, label_logprobs
 from agentenv.errors import ConfigError
-from agentenv.trainer.learner import OptimConfig, token_logprobs
+from agentenv.trainer.forward import token_logprobs
+from agentenv.trainer.learner import OptimConfig
 from agentenv.trainer.logprob_chunks import chunked_label_logprobs, split_head
 
 from .conftest import make_trajectories, tiny_model

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from agentenv.errors import DataError
-from agentenv.trainer import learner as learner_module
+from agentenv.trainer import forward as forward_module
 from agentenv.trainer.batching import build_batch, micro_batch_rows
 from agentenv.trainer.learner import Learner, OptimConfig
 from agentenv.trajectory import Trajectory
@@ -58,15 +58,15 @@ def test_budgeted_micro_batches_with_one_prefix_pass_give_the_single_pass_gradie
     g_ref, st_ref = _grads(single, trajs, scores)
 
     prefix_passes, suffix_rows = [], []
-    real_prefix, real_suffix = learner_module.SharedPrefix, learner_module._suffix_forward
+    real_prefix, real_suffix = forward_module.SharedPrefix, forward_module._suffix_forward
 
     class CountedPrefix(real_prefix):
         def __init__(self, *a, **k):
             super().__init__(*a, **k)
             prefix_passes.append(self.length)
 
-    monkeypatch.setattr(learner_module, "SharedPrefix", CountedPrefix)
-    monkeypatch.setattr(learner_module, "_suffix_forward",
+    monkeypatch.setattr(forward_module, "SharedPrefix", CountedPrefix)
+    monkeypatch.setattr(forward_module, "_suffix_forward",
                         lambda m, b, p, **k: suffix_rows.append(b.num_rows) or real_suffix(m, b, p, **k))
     budget = OptimConfig(micro_batch_size=8, max_tokens_per_micro_batch=60, share_prefix=True, **common)
     split = Learner(tiny_model(41, dtype=torch.float64), budget)

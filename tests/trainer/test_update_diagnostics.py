@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from agentenv.trainer.learner import Learner, OptimConfig, prepare_batch, ratio_tail
+from agentenv.trainer.learner import Learner, OptimConfig
+from agentenv.trainer.update_step import prepare_batch, ratio_tail
 
 from .conftest import make_trajectories, tiny_model
 
