@@ -321,7 +321,7 @@ class OpenRLHFLearner:
             try:
                 with torch.no_grad():
                     for mb in split_micro_batches(mine, self.config.micro_batch_size):
-                        lp, _ = token_logprobs(self.engine, mb.to(self.device), sampling=self.sampling)
+                        lp, _ = self._logprobs(mb.to(self.device))
                         for i, tid in enumerate(mb.ids):
                             rows[tid] = lp[i][mb.loss_mask[i].to(lp.device)].float().cpu()
             finally:
@@ -413,14 +413,14 @@ class OpenRLHFLearner:
         for step in range(self.gas):
             if step < len(micro):
                 mb = micro[step].to(self.device)
-                lp, ent = token_logprobs(self.engine, mb, with_entropy=True, sampling=self.sampling)
+                lp, ent = self._logprobs(mb, with_entropy=True)
                 log_ratios.append(policy_log_ratios(lp, mb))
                 start = offset + step * cfg.micro_batch_size
                 adm = admitted[start : start + mb.num_rows] if admitted is not None else None
                 out = micro_batch_objective(lp, ent, mb, batch, cfg, adm)
                 loss, stats = out.loss, stats + out.stats
             else:  # padding micro-step: zero gradient, keeps every rank's DeepSpeed micro-step count at gas
-                lp, _ = token_logprobs(self.engine, batch.select([0]).to(self.device), sampling=self.sampling)
+                lp, _ = self._logprobs(batch.select([0]).to(self.device))
                 loss = lp.sum() * 0.0
             self.strategy.backward(loss * scale, self.engine, self.optimizer)
             if step == self.gas - 1 and self.backend.zero_stage == 0:
@@ -430,6 +430,21 @@ class OpenRLHFLearner:
         if self.backend.zero_stage != 0:
             norm = float(self.strategy.get_grad_norm(self.engine))
         return stats, norm
+
+    def _logprobs(self, mb: PolicyBatch, *, with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """:func:`agentenv.trainer.forward.token_logprobs` of ``mb`` as the single-process learner scores it.
+
+        Under ZeRO 0-2 every rank holds the full parameters, so the wrapped transformers model is
+        called directly: the vocabulary projection runs in ``optim.logprob_chunk_tokens`` chunks and
+        the prefix the micro-batch's rows share runs once (``optim.share_prefix``); DeepSpeed's
+        gradient hooks sit on the parameters, so ``strategy.backward`` reduces the gradient as before.
+        Under ZeRO-3 the engine's own forward gathers the partitioned parameters (unchunked).
+        """
+        cfg = self.config
+        if self.backend.zero_stage == 3:
+            return token_logprobs(self.engine, mb, with_entropy=with_entropy, sampling=self.sampling)
+        return token_logprobs(self.engine.module, mb, with_entropy=with_entropy, sampling=self.sampling,
+                              share_prefix=cfg.share_prefix, chunk_tokens=cfg.logprob_chunk_tokens)
 
     # -- checkpoints ------------------------------------------------------------------------------
     def save(

@@ -10,7 +10,7 @@ nearly ``lr * sign(g)`` with the default eps and would hide a wrongly scaled gra
 ``gas * dp`` factor). With ``adam_eps = 10`` (>> |g|) the step is close to linear in ``g``, so equal
 weights after the step mean equal gradients; the pre-clip gradient norms are compared directly too.
 Weight decay is 0 here because OpenRLHF exempts biases and norm weights from decay and the
-single-process learner does not (a documented difference, see /work/notes/openrlhf.md). A 2-step
+single-process learner does not (a documented difference, see docs/openrlhf.md). A 2-step
 warmup makes the two updates use lr/2 then lr, which checks the scheduler DeepSpeed steps.
 """
 
@@ -151,6 +151,50 @@ def test_world_size_2_zero2_gloo_matches_single_process_learner():
         assert torch.equal(results[0]["after"][k], results[1]["after"][k])
     for a, b, tr in zip(results[0]["scores"], results[1]["scores"], batches[0], strict=True):
         assert a.shape == (tr.num_policy_tokens,) and torch.equal(a, b)
+
+
+PREFIX_OPTIM = OptimConfig(lr=1e-2, adam_eps=10.0, weight_decay=0.0, grad_clip=1.0, micro_batch_size=4, delta=10.0,
+                           logprob_chunk_tokens=16)
+
+
+def _prefix_batch():
+    from .test_learner import _with_system_prompt
+
+    return _with_system_prompt(make_trajectories(4, seed=5, rewards=[1, 0, 0, 1]), 20, seed=5)
+
+
+def _rank_prefix_run(rank: int, batch):
+    from agentenv.trainer import forward, logprob_chunks
+    from agentenv.trainer.openrlhf_backend import OpenRLHFLearner
+
+    prefixes, chunks = [], []
+    real_prefix, real_chunks = forward.SharedPrefix, forward.chunked_label_logprobs
+
+    class CountedPrefix(real_prefix):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            prefixes.append(self.length)
+
+    forward.SharedPrefix = CountedPrefix
+    forward.chunked_label_logprobs = lambda *a, **k: chunks.append(a[4]) or real_chunks(*a, **k)
+    assert logprob_chunks.chunked_label_logprobs is real_chunks
+    learner = OpenRLHFLearner(tiny_model(0), PREFIX_OPTIM, OpenRLHFBackendConfig(rows_per_update=4, zero_stage=2))
+    st = learner.update(batch)
+    return {"after": learner.weights_for_engine(), "norm": st.grad_norm, "prefixes": prefixes, "chunks": chunks}
+
+
+def test_deepspeed_scores_in_chunks_with_the_shared_prefix_run_once():
+    """ZeRO-2 runs the single learner's forward: 16-token vocabulary chunks, the 20-token system prompt once."""
+    batch = _prefix_batch()
+    (res,) = run_cpu_data_parallel(functools.partial(_rank_prefix_run, batch=batch), world_size=1, timeout_s=300)
+    assert res["prefixes"] and set(res["prefixes"]) == {20}  # the shared system prompt, one pass per forward
+    assert res["chunks"] and set(res["chunks"]) == {16}
+    ref = Learner(tiny_model(0), PREFIX_OPTIM)
+    st = ref.update(batch)
+    assert res["norm"] == pytest.approx(st.grad_norm, rel=1e-4)
+    ref_w = ref.weights_for_engine()
+    for k in ref_w:
+        assert torch.allclose(res["after"][k], ref_w[k], atol=2e-6, rtol=1e-5), k
 
 
 def test_config_errors():
