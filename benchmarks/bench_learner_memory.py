@@ -98,14 +98,14 @@ def run_one(spec: dict) -> dict:
     import torch
 
     from agentenv.malloc import release_free_heap, return_freed_memory_to_os
-    from agentenv.trainer import learner as learner_module
+    from agentenv.trainer import forward as forward_module
     from agentenv.trainer.learner import Learner, OptimConfig
 
     return_freed_memory_to_os(256 << 10, 1)  # freed blocks leave at once: resident memory tracks live tensors
     torch.set_num_threads(2)
     model = _model(spec["shape"])
     if spec["setting"] == "one_pass":
-        learner_module.split_head = lambda model: None  # the model's own forward: logits kept for backward
+        forward_module.split_head = lambda model: None  # the model's own forward: logits kept for backward
         cfg = OptimConfig(micro_batch_size=spec["micro_batch_size"], lr=1e-6, delta=10.0)
     else:
         cfg = OptimConfig(micro_batch_size=1024, max_tokens_per_micro_batch=spec["budget"], lr=1e-6, delta=10.0,
