@@ -9,7 +9,7 @@ the step together) is its own. Per setting: one warm-up update (AdamW's state is
 padded pass of all 16 rows, the prefix served inside it) measured in the same run. The chunked
 log-probabilities (``optim.logprob_chunk_tokens`` 1024) are on in every setting.
 
-Usage (about 5 minutes on the 2-core CPU)::
+Usage (about 5 minutes on the idle 2-core CPU)::
 
     .venv/bin/python benchmarks/bench_learner_step.py [--budgets none,512,1024,2048] [--updates 3]
 """
