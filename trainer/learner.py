@@ -95,7 +95,7 @@ class OptimConfig:
             carries no gradient (all rows rejected or zero advantage). Default False: skip it.
         share_prefix: Run the token prefix that every row of the batch shares (the system prompt and
             tool schemas; a GRPO group's whole prompt) through the model once per step and let every
-            micro-batch attend to that one KV cache (:func:`shared_prefix_length`,
+            micro-batch attend to that one KV cache (:func:`agentenv.trainer.forward.shared_prefix_length`,
             :mod:`agentenv.trainer.shared_prefix`); its gradient, summed over the micro-batches, is
             back-propagated through the prefix once at the end. The log-probabilities and the gradient
             are those of the plain padded pass; only the compute shrinks, by about
