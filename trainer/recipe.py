@@ -385,8 +385,8 @@ async def _train(cfg: TrainConfig, run_dir: Path, *, resume: bool, stop: asyncio
         train_s = time.time() - t_loop
         if learner.version != saved_version:
             checkpoints.save(learner, extra=checkpoint_extra())
-        # evaluated after training: when this session trained, or when an earlier one trained and was
-        # stopped before its evaluation after (resumed with nothing left to train)
+        # evaluated after training: when this process trained, or when an earlier process of the run
+        # trained and was stopped before its evaluation after (resumed with nothing left to train)
         unevaluated = learner.version > 0 and not (run_dir / "eval_after.json").exists()
         trained = learner.version > saved_at_start or unevaluated
         if cfg.eval.problems and not stop.is_set() and trained:

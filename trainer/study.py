@@ -236,10 +236,10 @@ def loop_seconds_spent(run_dir: Path) -> float:
 
 
 def _add_loop_seconds(run_dir: Path, *, since: float) -> None:
-    """Add the session that just ended (its ``summary.json``'s ``train_s``) to :data:`BUDGET_FILE`.
+    """Add the training process that just ended (its ``summary.json``'s ``train_s``) to :data:`BUDGET_FILE`.
 
-    Only a ``summary.json`` written since ``since`` (seconds since the epoch; the session's start)
-    counts: a session stopped or killed before it wrote one adds nothing (an earlier session's summary
+    Only a ``summary.json`` written since ``since`` (seconds since the epoch; the process's start)
+    counts: a process stopped or killed before it wrote one adds nothing (an earlier process's summary
     is not counted twice).
     """
     summary = run_dir / "summary.json"
