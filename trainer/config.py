@@ -14,6 +14,7 @@ from agentenv.rollout import RolloutConfig
 from agentenv.staleness import StalenessConfig
 from agentenv.step_latency import StepLatencyConfig
 from agentenv.trainer.learner import OptimConfig
+from agentenv.trainer.lr_schedule import warmup_length
 from agentenv.trainer.warmup import WarmupConfig
 
 
@@ -238,8 +239,9 @@ class TrainConfig:
         # The learner scores log pi under the rollout's processing; refuse now what it could not build.
         SamplingTransform(self.rollout.temperature, self.rollout.top_p, self.rollout.top_k)
         # a constant schedule may warm up past run.updates (a run trained in pieces with --resume); the
-        # cosine schedule decays over run.updates and needs steps after its warm-up
-        warm, updates = self.optim.warmup_steps, self.run.updates
+        # cosine schedule decays over run.updates and needs steps after its warm-up (a warmup_ratio < 1
+        # always leaves some)
+        warm, updates = warmup_length(self.optim, self.run.updates), self.run.updates
         if self.optim.lr_schedule == "cosine" and warm >= updates:
             raise ConfigError(f"optim.warmup_steps ({warm}) is longer than the run (run.updates = {updates}): "
                               "the cosine schedule needs steps after the warm-up")

@@ -83,6 +83,10 @@ class OptimConfig:
         warmup_steps: Linear learning-rate warm-up over this many optimizer steps (0: none); under
             ``"cosine"`` fewer than ``run.updates`` (a constant schedule may warm up across a run
             trained in pieces with ``--resume``).
+        warmup_ratio: The warm-up as a share of the run's optimizer steps, in [0, 1): ``W =
+            floor(warmup_ratio * run.updates)`` (the paper: 0.03), so the same recipe warms up in
+            proportion at any ``--updates`` and a one-update run has no warm-up; 0 uses
+            ``warmup_steps``. Setting both is a config error.
         min_lr_ratio: The cosine schedule's final lr as a fraction of ``lr``, in [0, 1] (the paper:
             0.1); unused by ``"constant"``.
         micro_batch_size: Rows per forward/backward pass (gradient accumulation; does not change the
@@ -148,6 +152,7 @@ class OptimConfig:
     grad_clip: float = 1.0
     lr_schedule: Literal["constant", "cosine"] = "constant"
     warmup_steps: int = 0
+    warmup_ratio: float = 0.0
     min_lr_ratio: float = 0.1
     micro_batch_size: int = 4
     delta: float = 1e-3
@@ -178,6 +183,13 @@ class OptimConfig:
             raise ConfigError(f"objective must be 'flash_reinforce' or 'grpo', got {self.objective!r}")
         if not self.lr > 0 or self.weight_decay < 0 or self.grad_clip < 0 or self.warmup_steps < 0:
             raise ConfigError("lr must be > 0; weight_decay, grad_clip and warmup_steps must be >= 0")
+        if not 0.0 <= self.warmup_ratio < 1.0:
+            raise ConfigError(f"optim.warmup_ratio (the warm-up's share of the run) must lie in [0, 1), "
+                              f"got {self.warmup_ratio}")
+        if self.warmup_ratio > 0 and self.warmup_steps > 0:
+            raise ConfigError(f"optim.warmup_steps ({self.warmup_steps}) and optim.warmup_ratio "
+                              f"({self.warmup_ratio}) both set: give the warm-up one way "
+                              "(optim.warmup_ratio=0 to count it in steps)")
         if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
             raise ConfigError(f"optim.betas must be two numbers in [0, 1), got {self.betas}")
         if not self.adam_eps > 0:

@@ -1,8 +1,10 @@
 """The learning-rate schedule of every learner backend, and re-applying optimizer settings on resume.
 
 Schedules (``optim.lr_schedule``), as a factor of the peak ``optim.lr`` at optimizer step ``s``
-(0-based: the factor used *by* step ``s``), with ``W = optim.warmup_steps`` and ``N`` the run's
-optimizer steps (``run.updates``):
+(0-based: the factor used *by* step ``s``), with ``W`` the warm-up steps and ``N`` the run's
+optimizer steps (``run.updates``). ``W`` is ``optim.warmup_steps``, or, with ``optim.warmup_ratio = f``
+set instead, ``floor(f * N)`` (:func:`warmup_length`): rounded down, so a run of any length keeps
+steps after its warm-up, and a one-update smoke run has none:
 
 * warm-up, ``s < W``: ``(s + 1) / W`` (linear, reaching 1 at the last warm-up step);
 * ``"constant"``: 1 after the warm-up;
@@ -30,7 +32,7 @@ import torch
 
 from agentenv.errors import ConfigError
 
-__all__ = ["SCHEDULES", "apply_optim_settings", "build_scheduler", "log_applied", "lr_factor"]
+__all__ = ["SCHEDULES", "apply_optim_settings", "build_scheduler", "log_applied", "lr_factor", "warmup_length"]
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +70,25 @@ def lr_factor(step: int, *, schedule: str, warmup_steps: int, total_steps: int |
     return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
+def warmup_length(config: Any, total_steps: int | None) -> int:
+    """``W``, the warm-up in optimizer steps: ``config.warmup_steps``, or ``floor(config.warmup_ratio * N)``.
+
+    Args:
+        config: An :class:`OptimConfig` (``warmup_steps`` >= 0; ``warmup_ratio`` in [0, 1); at most
+            one of them non-zero, which the config checks).
+        total_steps: ``N``, the run's optimizer steps, or None (a run without a horizon).
+
+    Raises:
+        ConfigError: ``warmup_ratio`` set for a run without ``total_steps``.
+    """
+    ratio = float(config.warmup_ratio)
+    if ratio == 0.0:
+        return int(config.warmup_steps)
+    if total_steps is None:
+        raise ConfigError(f"optim.warmup_ratio ({ratio}) needs the run's optimizer steps (run.updates)")
+    return math.floor(ratio * total_steps + 1e-9)  # 0.2 * 10 is 2, not 1.9999...
+
+
 def build_scheduler(
     optimizer: torch.optim.Optimizer, config: Any, total_steps: int | None
 ) -> torch.optim.lr_scheduler.LambdaLR:
@@ -78,8 +99,10 @@ def build_scheduler(
     Raises:
         ConfigError: As :func:`lr_factor` (checked here for step 0 and the last step).
     """
+    warmup = warmup_length(config, total_steps)
+
     def factor(step: int) -> float:
-        return lr_factor(step, schedule=config.lr_schedule, warmup_steps=config.warmup_steps,
+        return lr_factor(step, schedule=config.lr_schedule, warmup_steps=warmup,
                          total_steps=total_steps, min_lr_ratio=config.min_lr_ratio)
 
     if total_steps is not None:

@@ -9,7 +9,7 @@ import torch
 
 from agentenv.errors import ConfigError
 from agentenv.trainer.learner import Learner, OptimConfig
-from agentenv.trainer.lr_schedule import lr_factor
+from agentenv.trainer.lr_schedule import lr_factor, warmup_length
 
 from .conftest import make_trajectories, tiny_model
 
@@ -48,18 +48,46 @@ def test_the_learner_steps_with_the_scheduled_lr():
     assert lrs == pytest.approx([1e-3, 5.5e-4, 1e-4], rel=1e-9)
 
 
+@pytest.mark.parametrize("ratio, total, expected", [
+    (0.2, 12, 2), (0.2, 10, 2), (0.2, 36, 7), (0.2, 4, 0), (0.2, 1, 0), (0.03, 1000, 30), (0.0, 12, 0),
+])
+def test_warmup_ratio_is_a_share_of_the_run_rounded_down(ratio, total, expected):
+    assert warmup_length(OptimConfig(warmup_ratio=ratio), total) == expected
+    assert warmup_length(OptimConfig(warmup_steps=3), total) == 3  # a step count ignores the horizon
+
+
+def test_a_ratio_warmup_schedules_like_the_same_step_warmup():
+    by_ratio = Learner(tiny_model(0), OptimConfig(lr=1e-3, lr_schedule="cosine", warmup_ratio=0.25), total_steps=8)
+    by_steps = Learner(tiny_model(0), OptimConfig(lr=1e-3, lr_schedule="cosine", warmup_steps=2), total_steps=8)
+    factors = [f(s) for f in by_ratio.scheduler.lr_lambdas for s in range(8)]
+    assert factors == [f(s) for f in by_steps.scheduler.lr_lambdas for s in range(8)]
+    assert factors[:3] == pytest.approx([0.5, 1.0, 0.1 + 0.45 * (1 + math.cos(math.pi / 6))])
+
+
+def test_the_default_recipe_runs_a_one_update_smoke_run_under_its_cosine_schedule():
+    from agentenv.trainer.recipe import parse_args
+
+    cfg, _ = parse_args(["--updates", "1"])
+    assert (cfg.optim.lr_schedule, warmup_length(cfg.optim, 1)) == ("cosine", 0)
+    default, _ = parse_args([])
+    assert (default.run.updates, warmup_length(default.optim, default.run.updates)) == (12, 2)
+
+
 @pytest.mark.parametrize(
     "argv, needle",
     [
         (["optim.lr_schedule=linear"], "optim.lr_schedule: 'linear' is not one of ('constant', 'cosine')"),
-        (["optim.lr_schedule=cosine", "optim.warmup_steps=13", "--updates", "12"],
+        (["optim.lr_schedule=cosine", "optim.warmup_ratio=0", "optim.warmup_steps=13", "--updates", "12"],
          "optim.warmup_steps (13) is longer than the run"),
-        (["optim.lr_schedule=cosine", "optim.warmup_steps=12", "--updates", "12"], "needs steps after the warm-up"),
+        (["optim.warmup_ratio=0", "optim.warmup_steps=12", "--updates", "12"], "needs steps after the warm-up"),
         (["optim.min_lr_ratio=-0.1"], "optim.min_lr_ratio"),
         (["optim.min_lr_ratio=1.5"], "optim.min_lr_ratio"),
         (["optim.betas=[0.9, 1.0]"], "optim.betas must be two numbers in [0, 1)"),
         (["optim.betas=[-0.1, 0.95]"], "optim.betas must be two numbers in [0, 1)"),
         (["optim.adam_eps=0"], "optim.adam_eps must be > 0"),
+        (["optim.warmup_ratio=1.0"], "optim.warmup_ratio (the warm-up's share of the run) must lie in [0, 1)"),
+        (["optim.warmup_ratio=-0.1"], "optim.warmup_ratio"),
+        (["optim.warmup_ratio=0.1", "optim.warmup_steps=2"], "both set: give the warm-up one way"),
     ],
 )
 def test_bad_schedule_settings_are_config_errors_before_anything_loads(argv, needle):

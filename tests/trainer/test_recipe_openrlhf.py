@@ -34,7 +34,8 @@ OVERRIDES = [
     "learner.backend=openrlhf", "learner.zero_stage=2", "warmup.steps=0",
     "run.batch_size=4", "run.concurrency=4", "run.max_pool_size=8", "run.checkpoint_every=1",
     "rollout.max_turns=1", "rollout.max_new_tokens_per_turn=6", "rollout.max_total_tokens=16",
-    "optim.lr=0.1", "optim.adam_eps=10.0", "optim.weight_decay=0.0", "optim.warmup_steps=2",
+    "optim.lr=0.1", "optim.adam_eps=10.0", "optim.weight_decay=0.0", "optim.lr_schedule=constant",
+    "optim.warmup_ratio=0", "optim.warmup_steps=2",
     "optim.micro_batch_size=2", "optim.step_on_zero_gradient=false",
 ]
 
