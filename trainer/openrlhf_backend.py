@@ -8,13 +8,14 @@ The policy is wrapped by OpenRLHF 0.11.2's :class:`openrlhf.utils.deepspeed.Deep
 ``tests/trainer/test_openrlhf_loss.py`` cross-checks the two on the same inputs.
 
 Global denominators under DeepSpeed. The objective returns, for each micro-batch, its exact partial
-sum of the full-batch loss (denominators ``B`` and ``T_i`` are the global ones). DeepSpeed divides
-every backward loss by ``gradient_accumulation_steps`` (gas) and averages gradients over the ``dp``
-data-parallel ranks, so each micro-batch loss is multiplied by ``gas * dp`` before
-``strategy.backward``; the optimizer then sees exactly the full-batch gradient (the same idea as
-OpenRLHF's ``aggregate_loss(..., dp_size)`` with ``global_batch_size / gas``). A rank whose share is
-short of ``gas`` micro-batches runs zero-weight micro-steps so all ranks call DeepSpeed the same
-number of times.
+sum of the full-batch loss (denominators ``B`` and ``T_i`` are the global ones). Every backward goes
+through ``engine.backward(loss, scale_wrt_gas=False)`` with the accumulation boundary set by the
+learner (``engine.set_gradient_accumulation_boundary``), so DeepSpeed does not divide by its
+configured gas and the micro-step count may vary per update (token-budget micro-batches); DeepSpeed
+averages gradients over the ``dp`` data-parallel ranks, so each micro-batch loss is multiplied by
+``dp``; the optimizer then sees exactly the full-batch gradient (the same idea as OpenRLHF's
+``aggregate_loss(..., dp_size)``). ZeRO-2 reduces at every backward, so all ranks run the same
+number of backward passes: a rank with fewer micro-batches runs zero-weight ones.
 
 Every rank is called with the *whole* fresh batch (SPMD): advantages ``A_i = R_i - mean R`` are
 taken over all B rows before the rows are sharded, and statistics are summed over ranks.
@@ -53,7 +54,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -61,9 +62,16 @@ from torch import nn
 
 from agentenv.engines.sampling import SamplingTransform
 from agentenv.errors import ConfigError, DataError
-from agentenv.trainer.batching import PolicyBatch, build_batch, shard, shard_offset, split_micro_batches
+from agentenv.trainer.batching import (
+    PolicyBatch,
+    build_batch,
+    micro_batch_rows,
+    shard,
+    shard_offset,
+    split_micro_batches,
+)
 from agentenv.trainer.checkpoint import LoadedCheckpoint
-from agentenv.trainer.forward import enable_gradient_checkpointing, token_logprobs
+from agentenv.trainer.forward import enable_gradient_checkpointing, shared_prefix, token_logprobs
 from agentenv.trainer.learner import OptimConfig
 from agentenv.trainer.lr_schedule import apply_optim_settings, build_scheduler, log_applied
 from agentenv.trainer.objectives import ObjectiveStats
@@ -74,10 +82,14 @@ from agentenv.trainer.update_step import (
     policy_log_ratios,
     prepare_batch,
     ratio_tail,
+    skipped_stats,
     unscored_stats,
     update_stats,
 )
 from agentenv.trajectory import Trajectory
+
+if TYPE_CHECKING:
+    from agentenv.trainer.shared_prefix import SharedPrefix
 
 __all__ = [
     "OpenRLHFBackendConfig",
@@ -374,8 +386,9 @@ class OpenRLHFLearner:
         stats, grad_norm = ObjectiveStats(), 0.0
         lr = float(self.scheduler.get_last_lr()[0])
         log_ratios: list[torch.Tensor] = []
+        micro_steps = 0
         if stepped:
-            stats, grad_norm = self._accumulate_and_step(batch, admitted, log_ratios)
+            stats, grad_norm, micro_steps = self._accumulate_and_step(batch, admitted, log_ratios)
             self.version += 1
         else:
             log.info("update skipped at version %d: no gradient signal", self.version)
@@ -390,7 +403,7 @@ class OpenRLHFLearner:
             batch, total, version=self.version, stepped=stepped, grad_norm=grad_norm, lr=lr,
             seconds=time.perf_counter() - t0,
             extra={
-                "perf/deepspeed_micro_steps": float(self.gas),
+                "perf/deepspeed_micro_steps": float(micro_steps),
                 "perf/dp_world_size": float(self.world_size),
                 **ratio_tail(log_ratios),
             },
@@ -398,53 +411,102 @@ class OpenRLHFLearner:
 
     def _accumulate_and_step(
         self, batch: PolicyBatch, admitted: torch.Tensor | None, log_ratios: list[torch.Tensor]
-    ) -> tuple[ObjectiveStats, float]:
-        """Run this rank's gas micro-steps through DeepSpeed (the last one steps the optimizer).
+    ) -> tuple[ObjectiveStats, float, int]:
+        """This rank's micro-steps through DeepSpeed; the last is the accumulation boundary and steps.
 
-        ``log_ratios`` receives this rank's ``log pi - log mu`` at the policy tokens of each micro-batch.
+        The pass is :meth:`agentenv.trainer.learner.Learner.backward`'s: under ZeRO 0-2 the prefix
+        every row of the batch shares runs once (on every rank, the same input), this rank's rows
+        go in micro-batches of :func:`micro_batch_rows` (``micro_batch_size`` rows and, when set,
+        ``max_tokens_per_micro_batch`` padded tokens, sorted by length), a micro-batch without an
+        admitted row of nonzero advantage skips its forward pass, and the prefix's gradient goes
+        back through its pass once, as the last backward (:meth:`SharedPrefix.surrogate_loss`).
+        DeepSpeed's fixed gas is not used: every backward sets the boundary explicitly and is not
+        divided by gas, so the micro-step count may vary per update. ZeRO-2 reduces gradients at
+        every backward, so all ranks take the same count (the largest); a rank with fewer, or with a
+        skipped micro-batch, runs a zero-weight pass over one row in its place (the same parameters
+        receive gradients in the same order on every rank).
+
+        Args:
+            batch: The whole fresh batch (advantages filled), the same on every rank.
+            admitted: ``(B,)`` gate decision from precomputed scores, or None.
+            log_ratios: Receives ``log pi - log mu`` at the policy tokens of each forward micro-batch.
+
+        Returns:
+            ``(stats, grad_norm, micro_steps)``: this rank's summed :class:`ObjectiveStats`, the
+            global gradient norm before clipping, and the backward passes DeepSpeed ran.
         """
         cfg = self.config
         mine = shard(batch, self.rank, self.world_size)
-        micro = [] if mine is None else split_micro_batches(mine, cfg.micro_batch_size)
         offset = shard_offset(batch.num_rows, self.rank, self.world_size)
-        scale = float(self.gas * self.world_size)  # undo DeepSpeed's 1/gas and 1/dp (module doc)
+        prefix = None
+        if cfg.share_prefix and self.backend.zero_stage != 3:
+            self.engine.train()
+            prefix = shared_prefix(self.engine.module, batch.to(self.device), leaves=True)
+        n = prefix.length if prefix is not None else 0
+        groups = [] if mine is None else micro_batch_rows(mine, cfg.micro_batch_size, cfg.max_tokens_per_micro_batch, n)
+        passes = self._largest_over_ranks(len(groups))
+        total = passes + (prefix is not None)
         stats, norm = ObjectiveStats(), 0.0
         self.engine.train()
-        for step in range(self.gas):
-            if step < len(micro):
-                mb = micro[step].to(self.device)
-                lp, ent = self._logprobs(mb, with_entropy=True)
-                log_ratios.append(policy_log_ratios(lp, mb))
-                start = offset + step * cfg.micro_batch_size
-                adm = admitted[start : start + mb.num_rows] if admitted is not None else None
-                out = micro_batch_objective(lp, ent, mb, batch, cfg, adm)
-                loss, stats = out.loss, stats + out.stats
-            else:  # padding micro-step: zero gradient, keeps every rank's DeepSpeed micro-step count at gas
-                lp, _ = self._logprobs(batch.select([0]).to(self.device))
-                loss = lp.sum() * 0.0
-            self.strategy.backward(loss * scale, self.engine, self.optimizer)
-            if step == self.gas - 1 and self.backend.zero_stage == 0:
+        for step in range(total):
+            self.engine.set_gradient_accumulation_boundary(step == total - 1)
+            if step < len(groups):
+                mb = mine.select(groups[step])
+                adm = admitted[offset + torch.as_tensor(groups[step])] if admitted is not None else None
+                if adm is not None and not bool((adm & (mb.advantages != 0)).any()):
+                    stats = stats + skipped_stats(mb, adm)
+                    loss = self._zero_weight_loss(batch)
+                else:
+                    mb = mb.to(self.device)
+                    lp, ent = self._logprobs(mb, with_entropy=True, prefix=prefix)
+                    log_ratios.append(policy_log_ratios(lp, mb))
+                    out = micro_batch_objective(lp, ent, mb, batch, cfg, adm)
+                    # DeepSpeed averages gradients over the dp ranks: undo it (module doc)
+                    loss, stats = out.loss * self.world_size, stats + out.stats
+            elif step < passes:  # padding: this rank has fewer micro-batches than another
+                loss = self._zero_weight_loss(batch)
+            else:  # the prefix's gradient, summed over every micro-batch, through its one pass
+                loss = prefix.surrogate_loss()
+            self.engine.backward(loss, scale_wrt_gas=False)
+            if step == total - 1 and self.backend.zero_stage == 0:
                 # Without ZeRO DeepSpeed does not record the norm; the reduced gradients sit in .grad.
                 norm = _grad_norm(self.engine.module.parameters())
-            self.strategy.optimizer_step(self.optimizer, self.engine, None)
+            self.engine.step()
         if self.backend.zero_stage != 0:
             norm = float(self.strategy.get_grad_norm(self.engine))
-        return stats, norm
+        return stats, norm, total
 
-    def _logprobs(self, mb: PolicyBatch, *, with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _zero_weight_loss(self, batch: PolicyBatch) -> torch.Tensor:
+        """0 x the log-probabilities of one row: a backward that reduces zeros over every parameter."""
+        lp, _ = self._logprobs(batch.select([0]).to(self.device))
+        return lp.sum() * 0.0
+
+    def _largest_over_ranks(self, count: int) -> int:
+        """The largest ``count`` over the data-parallel ranks (every rank passes its own)."""
+        if self.world_size == 1:
+            return count
+        value = torch.tensor([count], dtype=torch.long, device=self.device)
+        dist.all_reduce(value, op=dist.ReduceOp.MAX)
+        return int(value.item())
+
+    def _logprobs(
+        self, mb: PolicyBatch, *, with_entropy: bool = False, prefix: SharedPrefix | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """:func:`agentenv.trainer.forward.token_logprobs` of ``mb`` as the single-process learner scores it.
 
         Under ZeRO 0-2 every rank holds the full parameters, so the wrapped transformers model is
         called directly: the vocabulary projection runs in ``optim.logprob_chunk_tokens`` chunks and
-        the prefix the micro-batch's rows share runs once (``optim.share_prefix``); DeepSpeed's
-        gradient hooks sit on the parameters, so ``strategy.backward`` reduces the gradient as before.
-        Under ZeRO-3 the engine's own forward gathers the partitioned parameters (unchunked).
+        the rows attend to ``prefix``'s cache (or, without one, the prefix the micro-batch's rows
+        share runs once, ``optim.share_prefix``); DeepSpeed's gradient hooks sit on the parameters,
+        so ``engine.backward`` reduces the gradient as before. Under ZeRO-3 the engine's own forward
+        gathers the partitioned parameters (unchunked, no shared prefix).
         """
         cfg = self.config
         if self.backend.zero_stage == 3:
             return token_logprobs(self.engine, mb, with_entropy=with_entropy, sampling=self.sampling)
         return token_logprobs(self.engine.module, mb, with_entropy=with_entropy, sampling=self.sampling,
-                              share_prefix=cfg.share_prefix, chunk_tokens=cfg.logprob_chunk_tokens)
+                              share_prefix=cfg.share_prefix and prefix is None,
+                              chunk_tokens=cfg.logprob_chunk_tokens, prefix=prefix)
 
     # -- checkpoints ------------------------------------------------------------------------------
     def save(

@@ -70,6 +70,26 @@ class SharedPrefix:
             out.update(keys.expand(rows, -1, -1, -1), values.expand(rows, -1, -1, -1), layer_idx)
         return out
 
+    def surrogate_loss(self) -> torch.Tensor:
+        """A scalar whose gradient w.r.t. the parameters is the prefix pass's back-propagation, then free it.
+
+        ``sum_l <K/V_l, dL/dK/V_l>`` over the prefix's layers, with the gradient accumulated on the
+        leaves held constant: its backward sends exactly that gradient through the prefix pass, as
+        :meth:`backward` does, but through a caller's own backward (DeepSpeed's ``engine.backward``,
+        which must see every backward to reduce the gradients). A leaf no micro-batch reached counts
+        with a zero gradient, so the pass is back-propagated (with zeros) all the same: every
+        data-parallel rank then reduces the same parameters.
+
+        Raises:
+            RuntimeError: Built without ``leaves=True``, or already back-propagated.
+        """
+        if not self._leaves or not self._graph:
+            raise RuntimeError("surrogate_loss needs a prefix built with leaves=True, not yet back-propagated")
+        terms = [(g * (k.grad if k.grad is not None else torch.zeros_like(g))).sum()
+                 for g, k in zip(self._graph, self._kv, strict=True)]
+        self._graph, self._kv = [], []
+        return torch.stack(terms).sum()
+
     def backward(self) -> None:
         """Back-propagate the gradient accumulated on the leaves through the prefix pass, then free it.
 

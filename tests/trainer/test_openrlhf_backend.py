@@ -7,7 +7,7 @@ imports dominate; each DeepSpeed init takes about 2 s).
 
 Why the comparison is sharp: AdamW's first step is ``lr * g / (|g| + eps)`` per coordinate, which is
 nearly ``lr * sign(g)`` with the default eps and would hide a wrongly scaled gradient (a missing
-``gas * dp`` factor). With ``adam_eps = 10`` (>> |g|) the step is close to linear in ``g``, so equal
+``dp`` factor). With ``adam_eps = 10`` (>> |g|) the step is close to linear in ``g``, so equal
 weights after the step mean equal gradients; the pre-clip gradient norms are compared directly too.
 Weight decay is 0 here because OpenRLHF exempts biases and norm weights from decay and the
 single-process learner does not (a documented difference, see docs/openrlhf.md). A 2-step
@@ -17,6 +17,7 @@ warmup makes the two updates use lr/2 then lr, which checks the scheduler DeepSp
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 
 import pytest
 import torch
@@ -163,24 +164,27 @@ def _prefix_batch():
     return _with_system_prompt(make_trajectories(4, seed=5, rewards=[1, 0, 0, 1]), 20, seed=5)
 
 
-def _rank_prefix_run(rank: int, batch):
+def _rank_prefix_run(rank: int, batch, optim=PREFIX_OPTIM):
     from agentenv.trainer import forward, logprob_chunks
     from agentenv.trainer.openrlhf_backend import OpenRLHFLearner
 
-    prefixes, chunks = [], []
+    prefixes, chunks, kept = [], [], []
     real_prefix, real_chunks = forward.SharedPrefix, forward.chunked_label_logprobs
 
     class CountedPrefix(real_prefix):
         def __init__(self, *a, **k):
             super().__init__(*a, **k)
             prefixes.append(self.length)
+            if k["leaves"]:  # the update's prefix, back-propagated once (scoring's are not)
+                kept.append(self.length)
 
     forward.SharedPrefix = CountedPrefix
     forward.chunked_label_logprobs = lambda *a, **k: chunks.append(a[4]) or real_chunks(*a, **k)
     assert logprob_chunks.chunked_label_logprobs is real_chunks
-    learner = OpenRLHFLearner(tiny_model(0), PREFIX_OPTIM, OpenRLHFBackendConfig(rows_per_update=4, zero_stage=2))
+    learner = OpenRLHFLearner(tiny_model(0), optim, OpenRLHFBackendConfig(rows_per_update=4, zero_stage=2))
     st = learner.update(batch)
-    return {"after": learner.weights_for_engine(), "norm": st.grad_norm, "prefixes": prefixes, "chunks": chunks}
+    return {"after": learner.weights_for_engine(), "norm": st.grad_norm, "prefixes": prefixes, "chunks": chunks,
+            "kept": kept, "micro_steps": st.extra["perf/deepspeed_micro_steps"]}
 
 
 def test_deepspeed_scores_in_chunks_with_the_shared_prefix_run_once():
@@ -195,6 +199,27 @@ def test_deepspeed_scores_in_chunks_with_the_shared_prefix_run_once():
     ref_w = ref.weights_for_engine()
     for k in ref_w:
         assert torch.allclose(res["after"][k], ref_w[k], atol=2e-6, rtol=1e-5), k
+
+
+def test_two_ranks_take_token_budget_micro_batches_against_one_prefix_pass():
+    """ZeRO-2 on two ranks packs rows by a token budget and runs the system prompt once per update.
+
+    Rows hold 32/35 (rank 0) and 33/37 (rank 1) tokens behind a 20-token shared prefix; a budget of
+    30 suffix tokens fits rank 0's two rows in one pass (2 x 15) but not rank 1's (2 x 17): rank 0
+    runs one zero-weight pass so both take 2 micro-steps, then the prefix's backward as the third.
+    """
+    optim = replace(PREFIX_OPTIM, micro_batch_size=2, max_tokens_per_micro_batch=30)
+    batch = _prefix_batch()
+    results = run_cpu_data_parallel(functools.partial(_rank_prefix_run, batch=batch, optim=optim), world_size=2,
+                                    timeout_s=300)
+    ref = Learner(tiny_model(0), optim)
+    st = ref.update(batch)
+    ref_w = ref.weights_for_engine()
+    for res in results:
+        assert res["kept"] == [20] and res["micro_steps"] == 3.0
+        assert res["norm"] == pytest.approx(st.grad_norm, rel=1e-4)
+        for k in ref_w:
+            assert torch.allclose(res["after"][k], ref_w[k], atol=2e-6, rtol=1e-5), k
 
 
 def test_config_errors():
