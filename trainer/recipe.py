@@ -66,6 +66,7 @@ from agentenv.trainer.plots import plot_run
 from agentenv.trainer.recipe_files import find_recipe, recipe_data
 from agentenv.trainer.resume import Resumed, ensure_run_id, run_identity, run_state
 from agentenv.trainer.resume import resume as resume_run
+from agentenv.trainer.setup import LoopParts
 
 logger = logging.getLogger("agentenv.train")
 
@@ -185,7 +186,7 @@ def resumed_config(run_dir: Path, overrides: list[str]) -> TrainConfig:
 # 2-5. the loop
 # ---------------------------------------------------------------------------------------------
 async def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False, stop: asyncio.Event | None = None,
-                loop_seconds: float | None = None) -> dict[str, Any]:
+                loop_seconds: float | None = None, parts: LoopParts | None = None) -> dict[str, Any]:
     """Train for ``cfg.run.updates`` updates and return the final summary (also written to ``summary.json``).
 
     Args:
@@ -199,12 +200,15 @@ async def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False, stop: 
             batch at all), as ``agentenv study``'s equal
             wall-clock uses: when it is spent the loop ends after the update at hand, and the run is
             complete (evaluated after training; ``budget_spent`` True, ``interrupted`` False).
+        parts: How the policy, environments, learner and engine are built (:class:`LoopParts`);
+            None: from the config, as ``agentenv train`` does.
     """
     stop = stop or asyncio.Event()
     halt = asyncio.Event()  # ends the update loop: a stop or a spent budget
     watcher = asyncio.ensure_future(_set_when(stop, halt))
     try:
-        return await _train(cfg, run_dir, resume=resume, stop=stop, halt=halt, loop_seconds=loop_seconds)
+        return await _train(cfg, run_dir, parts or LoopParts(), resume=resume, stop=stop, halt=halt,
+                            loop_seconds=loop_seconds)
     finally:
         watcher.cancel()
 
@@ -214,8 +218,8 @@ async def _set_when(event: asyncio.Event, target: asyncio.Event) -> None:
     target.set()
 
 
-async def _train(cfg: TrainConfig, run_dir: Path, *, resume: bool, stop: asyncio.Event, halt: asyncio.Event,
-                 loop_seconds: float | None) -> dict[str, Any]:
+async def _train(cfg: TrainConfig, run_dir: Path, parts: LoopParts, *, resume: bool, stop: asyncio.Event,
+                 halt: asyncio.Event, loop_seconds: float | None) -> dict[str, Any]:
     """:func:`train`'s body: ``halt`` ends the update loop, ``stop`` also skips the evaluation after it."""
     random.seed(cfg.run.seed)
     torch.manual_seed(cfg.run.seed)
@@ -223,15 +227,15 @@ async def _train(cfg: TrainConfig, run_dir: Path, *, resume: bool, stop: asyncio
 
     # the environment before the model: a wrong id or constructor argument (env.kwargs, env.eval_kwargs),
     # a warm-up or held-out evaluation the env cannot serve, fails in seconds
-    setup.env_factory(cfg)  # checks the id and the constructor arguments; built for real below, with the renderer
+    parts.env_factory(cfg)  # checks the id and the constructor arguments; built for real below, with the renderer
     setup.check_warmup(cfg)
     if cfg.eval.problems:
         await held_out_tasks(cfg)
 
     # 2. model: learner copy + engine copy (+ cached warm-up; Ctrl-C stops it between steps)
-    model, tokenizer, renderer = await asyncio.to_thread(setup.load_policy, cfg, should_stop=stop.is_set)
-    env_factory = setup.env_factory(cfg, renderer)  # an env taking tool_parser gets the template's (unless set)
-    learner = setup.build_learner(cfg, model)
+    model, tokenizer, renderer = await asyncio.to_thread(parts.load_policy, cfg, should_stop=stop.is_set)
+    env_factory = parts.env_factory(cfg, renderer)  # an env taking tool_parser gets the template's (unless set)
+    learner = parts.build_learner(cfg, model)
     # an engine that dies is rebuilt from the learner's latest weights (agentenv/engines/supervised.py);
     # the learner lock keeps a rebuild from reading the weights while the learner steps
     learner_lock = asyncio.Lock()
@@ -240,10 +244,10 @@ async def _train(cfg: TrainConfig, run_dir: Path, *, resume: bool, stop: asyncio
     async def rebuild_engine(dead: Any) -> Any:
         async with learner_lock:  # under a forced lag the rebuilt engine serves the lagged weights
             source = lag.engine_source(learner) if lag is not None else learner
-            return await rebuild_from_learner(dead, source, lambda m: setup.build_engine(cfg, m, tokenizer))
+            return await rebuild_from_learner(dead, source, lambda m: parts.build_engine(cfg, m, tokenizer))
 
     FAULTS.reset()  # faults/* count from this run's start
-    engine = BusyTrackingEngine(SupervisedEngine(setup.build_engine(cfg, copy.deepcopy(model), tokenizer),
+    engine = BusyTrackingEngine(SupervisedEngine(parts.build_engine(cfg, copy.deepcopy(model), tokenizer),
                                                  rebuild_engine))
     group_size = cfg.optim.grpo_group_size if cfg.optim.objective == "grpo" else 1  # rollouts per task
     pool = TrajectoryPool(cfg.staleness, group_size=group_size)

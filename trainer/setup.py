@@ -7,6 +7,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -248,6 +249,32 @@ def build_engine(cfg: TrainConfig, model: torch.nn.Module, tokenizer: Any) -> An
 
     return TransformersEngine(model, tokenizer, max_batch_size=cfg.model.max_batch_size, continuation=mode,
                               seed=cfg.run.seed)
+
+
+@dataclass(frozen=True)
+class LoopParts:
+    """How :func:`agentenv.trainer.recipe.train` builds the parts of its loop, each from the run's config.
+
+    Every field defaults to this module's builder of the config's part; a caller (a test, an
+    experiment) passes its own to run the loop on a fake engine, a recording learner or a scripted
+    environment, with everything else as a user's run has it.
+
+    Attributes:
+        load_policy: ``(cfg, should_stop=...) -> (model, tokenizer, renderer)``: the policy to train
+            (:func:`load_policy`: the configured model after its cached warm-up).
+        env_factory: ``(cfg, renderer=None) -> () -> Env``: builds the training environments; called
+            once without a renderer to check the config before the model loads (:func:`env_factory`).
+        build_learner: ``(cfg, model) -> PolicyLearner`` (:func:`build_learner`).
+        build_engine: ``(cfg, model, tokenizer) -> engine`` serving ``model`` at version 0; called again
+            with the learner's latest weights when an engine dies (:func:`build_engine`).
+    """
+
+    # looked up when a LoopParts is made, so a process that replaced a builder in this module gets it
+    load_policy: Callable[..., tuple[torch.nn.Module, Any, Any]] = field(default_factory=lambda: load_policy)
+    env_factory: Callable[..., Callable[[], Env]] = field(default_factory=lambda: env_factory)
+    build_learner: Callable[[TrainConfig, torch.nn.Module], PolicyLearner] = field(
+        default_factory=lambda: build_learner)
+    build_engine: Callable[[TrainConfig, torch.nn.Module, Any], Any] = field(default_factory=lambda: build_engine)
 
 
 # -- logging --------------------------------------------------------------------------------------

@@ -26,19 +26,17 @@ class FakeClock:
         return self.now
 
 
-def record_learner_batches(monkeypatch) -> list[list]:
-    """Make ``setup.build_learner`` return learners whose ``update`` first records its batch.
+def recording_learner(batches: list[list], build_learner=None):
+    """A ``LoopParts.build_learner`` whose learners first append each batch they update on to ``batches``.
 
-    Returns:
-        The list the batches (each a list of trajectories, in update order) are appended to.
+    ``build_learner``: the builder wrapped (default: the config's, ``setup.build_learner``).
     """
     from agentenv.trainer import setup
 
-    batches: list[list] = []
-    build_learner = setup.build_learner
+    build = build_learner or setup.build_learner
 
     def recording(cfg, model):
-        learner = build_learner(cfg, model)
+        learner = build(cfg, model)
         update = learner.update
 
         def recorded(trajectories, *, scores=None):
@@ -48,8 +46,7 @@ def record_learner_batches(monkeypatch) -> list[list]:
         learner.update = recorded
         return learner
 
-    monkeypatch.setattr(setup, "build_learner", recording)
-    return batches
+    return recording
 
 
 class CharRenderer:

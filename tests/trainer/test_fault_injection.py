@@ -28,6 +28,7 @@ import os
 import signal
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -38,9 +39,10 @@ from agentenv.envs.python_tool import PythonToolEnv
 from agentenv.envs.python_tool.datasets import MathProblem
 from agentenv.envs.python_tool.grading import _WORKER_COMMAND, Grader
 from agentenv.faults import FAULTS, reset_fault_points
-from agentenv.trainer import recipe, setup
+from agentenv.trainer import recipe
 from agentenv.trainer.checkpoint import latest_checkpoint
-from tests.fakes import EOT, CharRenderer, CountdownEnv, record_learner_batches
+from agentenv.trainer.setup import LoopParts
+from tests.fakes import EOT, CharRenderer, CountdownEnv, recording_learner
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240),
               pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")]
@@ -92,16 +94,16 @@ class ToolScriptEngine:
 
 
 @pytest.fixture
-def loop(monkeypatch, tmp_path):
+def loop(tmp_path):
     """Run ``recipe.train`` with an env factory and an engine builder; returns (summary, rows, batches)."""
-    batches = record_learner_batches(monkeypatch)
-    monkeypatch.setattr(setup, "load_policy", lambda cfg, **_: (tiny_lm(), None, CharRenderer()))
+    batches: list[list] = []
     reset_fault_points()
 
     def run(env_factory, *extra, engine=None, during=None):
-        monkeypatch.setattr(setup, "env_factory", lambda cfg, *_: env_factory)
+        parts = LoopParts(load_policy=lambda cfg, **_: (tiny_lm(), None, CharRenderer()),
+                          env_factory=lambda cfg, *_: env_factory, build_learner=recording_learner(batches))
         if engine is not None:
-            monkeypatch.setattr(setup, "build_engine", lambda cfg, model, tok: engine())
+            parts = replace(parts, build_engine=lambda cfg, model, tok: engine())
         cfg, _ = recipe.parse_args(["--run-dir", str(tmp_path / "run"), *OVERRIDES, *extra])
         run_dir = recipe.prepare_run_dir(cfg, resume=False, overwrite=False)
         stop = threading.Event()
@@ -109,7 +111,7 @@ def loop(monkeypatch, tmp_path):
         if watcher:
             watcher.start()
         try:
-            summary = asyncio.run(asyncio.wait_for(recipe.train(cfg, run_dir), 200))
+            summary = asyncio.run(asyncio.wait_for(recipe.train(cfg, run_dir, parts=parts), 200))
         finally:
             stop.set()
             if watcher:

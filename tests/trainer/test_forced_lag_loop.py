@@ -16,8 +16,9 @@ import json
 import pytest
 import torch
 
-from agentenv.trainer import recipe, setup
-from tests.fakes import CharRenderer, CountdownEnv, ScriptedEngine, record_learner_batches
+from agentenv.trainer import recipe
+from agentenv.trainer.setup import LoopParts
+from tests.fakes import CharRenderer, CountdownEnv, ScriptedEngine, recording_learner
 
 from .test_loop_failures import OVERRIDES, tiny_lm
 
@@ -36,11 +37,11 @@ class RecordingEngine(ScriptedEngine):
         await super().update_weights(weights, version)
 
 
-def test_the_engine_lags_k_versions_and_the_recorded_staleness_shows_it(tmp_path, monkeypatch):
-    batches = record_learner_batches(monkeypatch)
+def test_the_engine_lags_k_versions_and_the_recorded_staleness_shows_it(tmp_path):
+    batches: list[list] = []
     engines: list[RecordingEngine] = []
     snapshots: dict[int, dict] = {}  # the learner's weights at each version, as it handed them out
-    build_learner = setup.build_learner
+    build_learner = recording_learner(batches)
 
     def learner_recording_snapshots(cfg, model):
         learner = build_learner(cfg, model)
@@ -58,15 +59,13 @@ def test_the_engine_lags_k_versions_and_the_recorded_staleness_shows_it(tmp_path
         engines.append(RecordingEngine(["done", "no", "no"], max_context_tokens=64))
         return engines[-1]
 
-    monkeypatch.setattr(setup, "load_policy", lambda cfg, **_: (tiny_lm(), None, CharRenderer()))
-    monkeypatch.setattr(setup, "build_engine", engine)
-    monkeypatch.setattr(setup, "env_factory", lambda cfg, *_: CountdownEnv)
-    monkeypatch.setattr(setup, "build_learner", learner_recording_snapshots)
+    parts = LoopParts(load_policy=lambda cfg, **_: (tiny_lm(), None, CharRenderer()), build_engine=engine,
+                      env_factory=lambda cfg, *_: CountdownEnv, build_learner=learner_recording_snapshots)
     cfg, _ = recipe.parse_args(["--run-dir", str(tmp_path / "run"), *OVERRIDES, "--updates", "6",
                                 "staleness.policy=none", f"staleness.forced_lag={K}",
                                 "optim.step_on_zero_gradient=true"])
     run_dir = recipe.prepare_run_dir(cfg, resume=False, overwrite=False)
-    summary = asyncio.run(asyncio.wait_for(recipe.train(cfg, run_dir), 90))
+    summary = asyncio.run(asyncio.wait_for(recipe.train(cfg, run_dir, parts=parts), 90))
     assert summary["updates"] == 6 and len(batches) == 6
 
     # the engine got versions 1..4 (after updates 3..6), each exactly the learner's weights of that version
@@ -91,16 +90,16 @@ def test_the_engine_lags_k_versions_and_the_recorded_staleness_shows_it(tmp_path
 
 @pytest.mark.parametrize("gate, delta, share", [("sequence", "100.0", 1.0), ("token", "100.0", 1.0),
                                                 ("token", "0.0", 0.0), ("none", "0.0", 1.0)])
-def test_every_gate_trains_under_the_lag_and_logs_its_admission(tmp_path, monkeypatch, gate, delta, share):
-    monkeypatch.setattr(setup, "load_policy", lambda cfg, **_: (tiny_lm(), None, CharRenderer()))
-    monkeypatch.setattr(setup, "build_engine", lambda cfg, model, tok: ScriptedEngine(["done", "no"]))
-    monkeypatch.setattr(setup, "env_factory", lambda cfg, *_: CountdownEnv)
+def test_every_gate_trains_under_the_lag_and_logs_its_admission(tmp_path, gate, delta, share):
+    parts = LoopParts(load_policy=lambda cfg, **_: (tiny_lm(), None, CharRenderer()),
+                      build_engine=lambda cfg, model, tok: ScriptedEngine(["done", "no"]),
+                      env_factory=lambda cfg, *_: CountdownEnv)
     overrides = [o for o in OVERRIDES if not o.startswith("optim.delta")]
     cfg, _ = recipe.parse_args(["--run-dir", str(tmp_path / "run"), *overrides, "--updates", "3",
                                 "staleness.policy=none", "staleness.forced_lag=1", f"optim.gate={gate}",
                                 f"optim.delta={delta}", "optim.step_on_zero_gradient=true"])
     run_dir = recipe.prepare_run_dir(cfg, resume=False, overwrite=False)
-    summary = asyncio.run(asyncio.wait_for(recipe.train(cfg, run_dir), 90))
+    summary = asyncio.run(asyncio.wait_for(recipe.train(cfg, run_dir, parts=parts), 90))
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert summary["updates"] == 3 and len(rows) == 3
     # the scripted log-probs (-0.5 per token) are far from the random model's: D > 0, whatever the gate
@@ -115,7 +114,7 @@ def test_every_gate_trains_under_the_lag_and_logs_its_admission(tmp_path, monkey
 def test_an_engine_rebuilt_under_the_lag_serves_the_lagged_weights(tmp_path, monkeypatch):
     from agentenv.faults import FAULTS, reset_fault_points
 
-    batches = record_learner_batches(monkeypatch)
+    batches: list[list] = []
     rebuilds: list[tuple[int, int]] = []  # (version the rebuilt engine got, learner version then)
     real_rebuild = recipe.rebuild_from_learner
 
@@ -125,8 +124,8 @@ def test_an_engine_rebuilt_under_the_lag_serves_the_lagged_weights(tmp_path, mon
         return await real_rebuild(dead, source, build)
 
     monkeypatch.setattr(recipe, "rebuild_from_learner", rebuild)
-    monkeypatch.setattr(setup, "load_policy", lambda cfg, **_: (tiny_lm(), None, CharRenderer()))
-    monkeypatch.setattr(setup, "env_factory", lambda cfg, *_: CountdownEnv)  # and the real TransformersEngine
+    parts = LoopParts(load_policy=lambda cfg, **_: (tiny_lm(), None, CharRenderer()),  # the real TransformersEngine
+                      env_factory=lambda cfg, *_: CountdownEnv, build_learner=recording_learner(batches))
     reset_fault_points()
     # its decode thread dies mid-run, once it serves version 2: the learner is then at K + 2 (or K + 3)
     monkeypatch.setenv("AGENTENV_FAULT", "engine.decode:v2")
@@ -135,7 +134,7 @@ def test_an_engine_rebuilt_under_the_lag_serves_the_lagged_weights(tmp_path, mon
                                 "optim.step_on_zero_gradient=true", "model.max_batch_size=4"])
     run_dir = recipe.prepare_run_dir(cfg, resume=False, overwrite=False)
     try:
-        summary = asyncio.run(asyncio.wait_for(recipe.train(cfg, run_dir), 100))
+        summary = asyncio.run(asyncio.wait_for(recipe.train(cfg, run_dir, parts=parts), 100))
     finally:
         reset_fault_points()
     assert summary["updates"] == 10

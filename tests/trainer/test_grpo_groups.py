@@ -60,13 +60,13 @@ def _check_groups(batch, n, cfg):
 
 @pytest.mark.parametrize("mode, policy, env", [("async", "pace", CountdownEnv), ("sync", "sync", CountdownEnv),
                                                ("async", "max_lag", FlakyEnv)])
-def test_a_grpo_batch_is_whole_groups_of_one_task(tmp_path, monkeypatch, scripted, mode, policy, env):  # noqa: F811
-    summary, _ = _train(tmp_path, env, monkeypatch, *GRPO, "--mode", mode, "--policy", policy, "--updates", "2")
+def test_a_grpo_batch_is_whole_groups_of_one_task(tmp_path, scripted, mode, policy, env):  # noqa: F811
+    summary, _ = _train(tmp_path, env, scripted, *GRPO, "--mode", mode, "--policy", policy, "--updates", "2")
     assert summary["updates"] == 2
     cfg, _ = parse_args(GRPO)
-    assert len(scripted) >= 2  # a batch without gradient takes no step
+    assert len(scripted.batches) >= 2  # a batch without gradient takes no step
     mixed = 0
-    for batch in scripted:
+    for batch in scripted.batches:
         assert all(t.status == "completed" and t.num_policy_tokens > 0 for t in batch)
         mixed += _check_groups(batch, 4, cfg)
     assert mixed >= 1  # the scripted replies vary within a group, so advantages are not all 0

@@ -23,7 +23,8 @@ import pytest
 import torch
 
 from agentenv.core import Env, StepResult
-from agentenv.trainer import recipe, setup
+from agentenv.trainer import recipe
+from agentenv.trainer.setup import LoopParts
 from tests.fakes import CharRenderer
 
 pytestmark = [pytest.mark.timeout(300)]
@@ -61,12 +62,12 @@ def tiny_lm() -> torch.nn.Module:
     return transformers.LlamaForCausalLM(cfg).eval()
 
 
-def test_the_async_loop_learns_a_small_task(tmp_path, monkeypatch):
-    monkeypatch.setattr(setup, "load_policy", lambda cfg, **_: (tiny_lm(), None, CharRenderer()))
-    monkeypatch.setattr(setup, "env_factory", lambda cfg, *_: EvenCharEnv)
+def test_the_async_loop_learns_a_small_task(tmp_path):
+    parts = LoopParts(load_policy=lambda cfg, **_: (tiny_lm(), None, CharRenderer()),
+                      env_factory=lambda cfg, *_: EvenCharEnv)
     cfg, _ = recipe.parse_args(["--run-dir", str(tmp_path / "run"), *OVERRIDES])
     run_dir = recipe.prepare_run_dir(cfg, resume=False, overwrite=False)
-    summary = asyncio.run(asyncio.wait_for(recipe.train(cfg, run_dir), 280))
+    summary = asyncio.run(asyncio.wait_for(recipe.train(cfg, run_dir, parts=parts), 280))
     assert not summary["interrupted"]
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     rewards = [r["reward/mean"] for r in rows]

@@ -11,13 +11,15 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+from dataclasses import dataclass, replace
 
 import pytest
 import torch
 
 from agentenv.errors import AgentEnvError
 from agentenv.trainer import recipe, setup
-from tests.fakes import CharRenderer, CountdownEnv, ScriptedEngine, record_learner_batches
+from agentenv.trainer.setup import LoopParts
+from tests.fakes import CharRenderer, CountdownEnv, ScriptedEngine, recording_learner
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -67,42 +69,56 @@ class FlakyEnv(CountdownEnv):
         return await super().step(action)
 
 
+@dataclass
+class Scripted:
+    """The loop's scripted model side: ``parts`` for ``recipe.train``, and the batches its learner trained on."""
+
+    batches: list
+    parts: LoopParts
+
+    def with_env(self, env) -> LoopParts:
+        """``parts`` whose environments are ``env()``."""
+        return replace(self.parts, env_factory=lambda cfg, *_: env)
+
+
+def scripted_parts(batches: list) -> LoopParts:
+    """A random 2-layer Llama learner recording its batches, served by a ScriptedEngine to CharRenderer prompts."""
+    return LoopParts(load_policy=lambda cfg, **_: (tiny_lm(), None, CharRenderer()),
+                     build_engine=lambda cfg, model, tok: ScriptedEngine(["done", "no", "no"], max_context_tokens=64),
+                     build_learner=recording_learner(batches))
+
+
 @pytest.fixture
-def scripted(monkeypatch):
-    """Patch the recipe's model side; returns the list of batches the learner trained on."""
-    batches = record_learner_batches(monkeypatch)
-    monkeypatch.setattr(setup, "load_policy", lambda cfg, **_: (tiny_lm(), None, CharRenderer()))
-    monkeypatch.setattr(setup, "build_engine",
-                        lambda cfg, model, tok: ScriptedEngine(["done", "no", "no"], max_context_tokens=64))
+def scripted():
+    """The scripted model side (:class:`Scripted`)."""
     FlakyEnv.plays, FlakyEnv.failures = {}, 0
-    return batches
+    batches: list = []
+    return Scripted(batches, scripted_parts(batches))
 
 
-def _train(tmp_path, env, monkeypatch, *extra):
-    monkeypatch.setattr(setup, "env_factory", lambda cfg, *_: env)
+def _train(tmp_path, env, scripted, *extra):
     cfg, _ = recipe.parse_args(["--run-dir", str(tmp_path / "run"), *OVERRIDES, *extra])
     run_dir = recipe.prepare_run_dir(cfg, resume=False, overwrite=False)
-    return asyncio.run(asyncio.wait_for(recipe.train(cfg, run_dir), 90)), run_dir
+    return asyncio.run(asyncio.wait_for(recipe.train(cfg, run_dir, parts=scripted.with_env(env)), 90)), run_dir
 
 
 @pytest.mark.parametrize("mode", ["async", "sync"])
-def test_a_broken_env_stops_the_run_with_its_error(tmp_path, monkeypatch, scripted, mode):
+def test_a_broken_env_stops_the_run_with_its_error(tmp_path, scripted, mode):
     with pytest.raises(AgentEnvError, match=r"last 16 episodes all failed.*reset exploded: no such sandbox image"):
-        _train(tmp_path, BrokenResetEnv, monkeypatch, "--mode", mode, "--updates", "2")
-    assert scripted == []  # nothing was ever trained on
+        _train(tmp_path, BrokenResetEnv, scripted, "--mode", mode, "--updates", "2")
+    assert scripted.batches == []  # nothing was ever trained on
 
 
 @pytest.mark.parametrize("mode, policy", [("async", "pace"), ("sync", "sync")])
-def test_a_flaky_env_trains_on_good_episodes_only_and_counts_the_failures(tmp_path, monkeypatch, scripted, mode,
-                                                                         policy):
-    summary, run_dir = _train(tmp_path, FlakyEnv, monkeypatch, "--mode", mode, "--policy", policy,
-                              "--updates", "3")
+def test_a_flaky_env_trains_on_good_episodes_only_and_counts_the_failures(tmp_path, scripted, mode, policy):
+    summary, run_dir = _train(tmp_path, FlakyEnv, scripted, "--mode", mode, "--policy", policy, "--updates", "3")
+    batches = scripted.batches
     assert summary["updates"] == 3 and not summary["interrupted"]
-    assert len(scripted) >= 3 and all(len(b) == 4 for b in scripted)  # a batch without gradient takes no step
+    assert len(batches) >= 3 and all(len(b) == 4 for b in batches)  # a batch without gradient takes no step
     assert all(t.status == "completed" and t.num_policy_tokens > 0 and "error" not in t.info
-               for b in scripted for t in b)
+               for b in batches for t in b)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert len(rows) == len(scripted) and rows[-1]["update"] == 3
+    assert len(rows) == len(batches) and rows[-1]["update"] == 3
     assert FlakyEnv.failures > 0
     last = rows[-1]
     assert sum(r["episodes/failed"] for r in rows) == last["episodes/failed_total"] == last["episodes/errors"]
@@ -112,7 +128,11 @@ def test_a_flaky_env_trains_on_good_episodes_only_and_counts_the_failures(tmp_pa
         assert key in last
 
 
-def test_agentenv_train_exits_1_naming_the_error(tmp_path, monkeypatch, scripted, capsys):
+def test_agentenv_train_exits_1_naming_the_error(tmp_path, monkeypatch, capsys):
+    # the command line builds its parts from the config: the builders it looks up are replaced
+    parts = scripted_parts([])
+    for name in ("load_policy", "build_engine", "build_learner"):
+        monkeypatch.setattr(setup, name, getattr(parts, name))
     monkeypatch.setattr(setup, "env_factory", lambda cfg, *_: BrokenResetEnv)
     monkeypatch.setattr(recipe, "check_model", lambda name: None)
     rc = recipe.main(["--run-dir", str(tmp_path / "run"), *OVERRIDES, "--updates", "2"])
@@ -134,7 +154,6 @@ def recorded_evaluations(monkeypatch) -> list[str]:
 
     monkeypatch.setattr(recipe, "held_out", held_out)
     monkeypatch.setattr(recipe, "held_out_tasks", no_tasks)
-    monkeypatch.setattr(setup, "env_factory", lambda cfg, *_: CountdownEnv)
     return evaluated
 
 
@@ -150,7 +169,8 @@ def test_a_spent_loop_budget_ends_the_run_complete_and_evaluated_and_ctrl_c_does
         stop = asyncio.Event()
         if user_stop:  # Ctrl-C before the budget is spent (3 s from train's start: model load included)
             asyncio.get_running_loop().call_later(3.0, stop.set)
-        return await recipe.train(cfg, run_dir, stop=stop, loop_seconds=1.0 if not user_stop else 60.0)
+        return await recipe.train(cfg, run_dir, stop=stop, loop_seconds=1.0 if not user_stop else 60.0,
+                                  parts=scripted.with_env(CountdownEnv))
 
     summary = asyncio.run(asyncio.wait_for(run(), 60))
     assert 1 <= summary["updates"] < 100000
@@ -170,13 +190,14 @@ def test_a_resumed_setting_with_no_budget_left_trains_nothing_and_is_evaluated_a
     async def stopped_by_ctrl_c():  # the first process: Ctrl-C (as if during its evaluation after)
         stop = asyncio.Event()
         asyncio.get_running_loop().call_later(3.0, stop.set)
-        return await recipe.train(cfg, run_dir, stop=stop, loop_seconds=60.0)
+        return await recipe.train(cfg, run_dir, stop=stop, loop_seconds=60.0, parts=scripted.with_env(CountdownEnv))
 
     first = asyncio.run(asyncio.wait_for(stopped_by_ctrl_c(), 60))
     assert first["interrupted"] and first["updates"] >= 1 and evaluated == ["before"]
-    trained = len(scripted)
+    trained = len(scripted.batches)
     evaluated.clear()
-    second = asyncio.run(asyncio.wait_for(recipe.train(cfg, run_dir, resume=True, loop_seconds=0.0), 60))
+    second = asyncio.run(asyncio.wait_for(recipe.train(cfg, run_dir, resume=True, loop_seconds=0.0,
+                                                       parts=scripted.with_env(CountdownEnv)), 60))
     # nothing left of the budget: no update, and the run that trained before is evaluated after all
-    assert len(scripted) == trained and second["updates"] == first["updates"]
+    assert len(scripted.batches) == trained and second["updates"] == first["updates"]
     assert second["budget_spent"] and not second["interrupted"] and evaluated == ["before", "after"]

@@ -18,6 +18,7 @@ import time
 import pytest
 
 from agentenv.trainer import recipe, setup
+from agentenv.trainer.setup import LoopParts
 from tests.fakes import CharRenderer, CountdownEnv, ScriptedEngine
 
 from .test_loop_failures import OVERRIDES, tiny_lm
@@ -27,7 +28,7 @@ pytestmark = pytest.mark.timeout(120)
 BLOCK_S = 0.4  # seconds each blocking part is made to take
 
 
-def test_scoring_weight_copy_and_checkpoint_run_off_the_event_loop(tmp_path, monkeypatch):
+def test_scoring_weight_copy_and_checkpoint_run_off_the_event_loop(tmp_path):
     calls: dict[str, list[str]] = {"score": [], "update": [], "weights_for_engine": [], "save": []}
     window = [float("inf"), 0.0]  # from the first blocking part's start to the last one's end
     build_learner = setup.build_learner
@@ -49,10 +50,9 @@ def test_scoring_weight_copy_and_checkpoint_run_off_the_event_loop(tmp_path, mon
             setattr(learner, name, blocking)
         return learner
 
-    monkeypatch.setattr(setup, "load_policy", lambda cfg, **_: (tiny_lm(), None, CharRenderer()))
-    monkeypatch.setattr(setup, "build_engine", lambda cfg, model, tok: ScriptedEngine(["done", "no"]))
-    monkeypatch.setattr(setup, "build_learner", slowed)
-    monkeypatch.setattr(setup, "env_factory", lambda cfg, *_: CountdownEnv)
+    parts = LoopParts(load_policy=lambda cfg, **_: (tiny_lm(), None, CharRenderer()),
+                      build_engine=lambda cfg, model, tok: ScriptedEngine(["done", "no"]), build_learner=slowed,
+                      env_factory=lambda cfg, *_: CountdownEnv)
     overrides = [o for o in OVERRIDES if not o.startswith(("staleness.drift_mode", "run.checkpoint_every"))]
     cfg, _ = recipe.parse_args(["--run-dir", str(tmp_path / "run"), *overrides, "--updates", "3",
                                 "staleness.drift_mode=scoring", "run.checkpoint_every=1"])
@@ -60,7 +60,7 @@ def test_scoring_weight_copy_and_checkpoint_run_off_the_event_loop(tmp_path, mon
     lags: list[tuple[float, float]] = []  # (wake-up time, lag)
 
     async def main():
-        training = asyncio.ensure_future(recipe.train(cfg, run_dir))
+        training = asyncio.ensure_future(recipe.train(cfg, run_dir, parts=parts))
         while not training.done():
             t = time.monotonic()
             await asyncio.sleep(0.01)

@@ -16,8 +16,9 @@ import pytest
 
 from agentenv.core import Env, StepResult
 from agentenv.engines.busy import BusyClock
-from agentenv.trainer import recipe, setup
+from agentenv.trainer import recipe
 from agentenv.trainer.overlap import BusyTrackingEnv, LoopBusy, overlap, timed_env_factory
+from agentenv.trainer.setup import LoopParts
 from tests.fakes import CharRenderer, FakeClock
 
 from .test_learning_signal import tiny_lm
@@ -157,12 +158,12 @@ OVERRIDES = ["warmup.steps=0", "eval.problems=0", "run.batch_size=8", "run.concu
 KEYS = ("busy/engine_s", "busy/env_s", "busy/learner_s")
 
 
-def run_loop(tmp_path, monkeypatch, mode):
-    monkeypatch.setattr(setup, "load_policy", lambda cfg, **_: (tiny_lm(), None, CharRenderer()))
-    monkeypatch.setattr(setup, "env_factory", lambda cfg, *_: SlowToolEnv)
+def run_loop(tmp_path, mode):
+    parts = LoopParts(load_policy=lambda cfg, **_: (tiny_lm(), None, CharRenderer()),
+                      env_factory=lambda cfg, *_: SlowToolEnv)
     cfg, _ = recipe.parse_args(["--run-dir", str(tmp_path / mode), *OVERRIDES, f"run.mode={mode}"])
     run_dir = recipe.prepare_run_dir(cfg, resume=False, overwrite=False)
-    summary = asyncio.run(asyncio.wait_for(recipe.train(cfg, run_dir), 100))
+    summary = asyncio.run(asyncio.wait_for(recipe.train(cfg, run_dir, parts=parts), 100))
     assert summary["updates"] == 3 and not summary["interrupted"]
     saved = json.loads((run_dir / "summary.json").read_text())
     assert saved["overlap/bound"] == summary["overlap/bound"]
@@ -186,12 +187,12 @@ def run_loop(tmp_path, monkeypatch, mode):
     return rows, summary
 
 
-def test_the_async_loop_logs_its_busy_time_and_overlap_bound(tmp_path, monkeypatch):
-    run_loop(tmp_path, monkeypatch, "async")
+def test_the_async_loop_logs_its_busy_time_and_overlap_bound(tmp_path):
+    run_loop(tmp_path, "async")
 
 
-def test_in_sync_mode_the_learner_never_overlaps_generation(tmp_path, monkeypatch):
-    rows, summary = run_loop(tmp_path, monkeypatch, "sync")
+def test_in_sync_mode_the_learner_never_overlaps_generation(tmp_path):
+    rows, summary = run_loop(tmp_path, "sync")
     # the engine and the environments work only while a batch is collected, the learner only after it
     for part in ("overlap/engine_s", "overlap/env_s"):
         assert summary[part] + summary["overlap/learner_s"] <= summary["overlap/wall_s"] + 1e-9

@@ -12,6 +12,7 @@ import asyncio
 import json
 import logging
 import shutil
+from dataclasses import replace
 
 import pytest
 
@@ -19,21 +20,23 @@ from agentenv.collector import RolloutCollector
 from agentenv.errors import CheckpointError, DataError, RunFolderError
 from agentenv.pool import TrajectoryPool
 from agentenv.rollout import RolloutConfig
-from agentenv.trainer import recipe, setup
+from agentenv.trainer import recipe
 from tests.fakes import CharRenderer, CountdownEnv, ScriptedEngine
 
-from .test_loop_failures import OVERRIDES, scripted  # noqa: F401  (the fixture)
+from .test_loop_failures import OVERRIDES, scripted_parts
 
 pytestmark = pytest.mark.timeout(120)
 
 
 def _run(tmp_path, *extra, resume=False, name="run"):
+    """``recipe.train`` of ``tmp_path / name`` on the scripted model side, with :class:`SlowCountdownEnv`."""
     argv = ["--run-dir", str(tmp_path / name), *OVERRIDES, "run.checkpoint_every=1", *extra]
     cfg, args = recipe.parse_args(argv + (["--resume"] if resume else []))
     run_dir = recipe.prepare_run_dir(cfg, resume=resume, overwrite=False)
     if resume:
         cfg = recipe.resumed_config(run_dir, args.overrides)
-    return asyncio.run(asyncio.wait_for(recipe.train(cfg, run_dir, resume=resume), 90))
+    parts = replace(scripted_parts([]), env_factory=lambda cfg, *_: SlowCountdownEnv)
+    return asyncio.run(asyncio.wait_for(recipe.train(cfg, run_dir, resume=resume, parts=parts), 90))
 
 
 class SlowCountdownEnv(CountdownEnv):
@@ -45,12 +48,11 @@ class SlowCountdownEnv(CountdownEnv):
 
 
 @pytest.fixture
-def trained(tmp_path, monkeypatch, scripted):  # noqa: F811
+def trained(tmp_path):
     """A run of 2 updates with checkpoints v1 and v2; returns its checkpoint root.
 
     Episodes take 20 ms and the pool may hold 256, so admission never stops a worker: at every
     checkpoint each of the 4 workers is playing a task."""
-    monkeypatch.setattr(setup, "env_factory", lambda cfg, *_: SlowCountdownEnv)
     assert _run(tmp_path, "--updates", "2", "run.max_pool_size=256")["updates"] == 2
     root = tmp_path / "run" / "checkpoints"
     assert sorted(p.name for p in root.iterdir()) == ["latest", "v00000001", "v00000002"]
