@@ -15,12 +15,14 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("agentenv.trainer.recipe:main", "train a model with asynchronous RL (FlashREINFORCE + PACE)"),
     "eval": ("agentenv.eval_command:main", "evaluate a model on an environment (e.g. ALFWorld seen/unseen)"),
     "export": ("agentenv.trainer.export:main", "write a run's checkpoint as a Hugging Face model folder"),
-    "compare": ("agentenv.trainer.compare:main", "run one recipe in sync and async modes; print a table"),
-    "study": ("agentenv.trainer.study:main", "rerun one of the papers' claims at small scale: table and plots"),
+    "compare": ("agentenv.trainer.experiments.compare:main", "run one recipe in sync and async modes; print a table"),
+    "study": ("agentenv.trainer.experiments.study:main",
+              "rerun one of the papers' claims at small scale: table and plots"),
     "envs": ("agentenv.registration_cli:list_envs_main", "list the registered environments"),
     "serve": ("agentenv.remote.server:main", "serve a registered environment over HTTP (one session per episode)"),
     "sandbox": ("agentenv.sandboxes.cli:main", "sandbox tools: build-image, info"),
-    "simulate": ("agentenv.trainer.simulator:main", "simulate the asynchronous pipeline under each staleness policy"),
+    "simulate": ("agentenv.trainer.experiments.simulator:main",
+                 "simulate the asynchronous pipeline under each staleness policy"),
     "alfworld-oracle": ("agentenv.envs.alfworld.oracle:oracle_main", "replay ALFWorld walkthroughs (sanity check)"),
 }
 

@@ -2,14 +2,14 @@
 
     .venv/bin/python benchmarks/learning_report.py RUN [RUN ...] [--out DIR]
 
-The same as ``python -m agentenv.trainer.learning_report`` (see that module for every figure).
+The same as ``python -m agentenv.trainer.experiments.learning_report`` (see that module for every figure).
 """
 
 from __future__ import annotations
 
 import sys
 
-from agentenv.trainer.learning_report import main
+from agentenv.trainer.experiments.learning_report import main
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

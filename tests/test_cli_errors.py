@@ -15,9 +15,9 @@ import tomllib
 from agentenv.errors import ConfigError, EnvNotFound
 from agentenv.models import CHECKPOINT_CONTENTS, check_model, looks_like_path, resolve_model_path
 from agentenv.registration import registry
+from agentenv.trainer.experiments.simulator import SIM_POLICIES
+from agentenv.trainer.experiments.simulator import main as simulate_main
 from agentenv.trainer.recipe_files import RECIPES_DIR, find_recipe, run_folder_for, shipped_recipes
-from agentenv.trainer.simulator import SIM_POLICIES
-from agentenv.trainer.simulator import main as simulate_main
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = ["alfworld_cpu", "alfworld_qwen2.5_7b", "generic_cpu", "python_tool_cpu", "python_tool_qwen2.5_7b"]

@@ -40,7 +40,7 @@ class HeldOutReport:
         task_ids: ``(tasks,)`` the held-out tasks' ids, in order.
         outcomes: ``(tasks,)`` each task's success rate over its samples (1.0/0.0 with one sample), in
             ``task_ids`` order: two reports of the same run pair up task by task
-            (:func:`agentenv.trainer.significance.paired_bootstrap`).
+            (:func:`agentenv.trainer.experiments.significance.paired_bootstrap`).
     """
 
     label: str

@@ -348,10 +348,10 @@ def held_out_change(before: dict[str, Any], after: dict[str, Any]) -> dict[str, 
 
     ``eval/delta`` is after minus before (fraction of tasks); ``eval/ci95`` the paired-bootstrap
     95% interval over tasks and ``eval/ci95_two_proportion`` the unpaired Wald interval
-    (:mod:`agentenv.trainer.significance`). Reports without per-task outcomes, or of different
+    (:mod:`agentenv.trainer.experiments.significance`). Reports without per-task outcomes, or of different
     task lists, give only ``eval/delta``.
     """
-    from agentenv.trainer.significance import paired_bootstrap, two_proportion_interval
+    from agentenv.trainer.experiments.significance import paired_bootstrap, two_proportion_interval
 
     out: dict[str, Any] = {"eval/delta": after["success_rate"] - before["success_rate"]}
     b, a = before.get("outcomes") or [], after.get("outcomes") or []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from agentenv.trainer.compare import markdown_table, summarize, with_ratio_to_sync
+from agentenv.trainer.experiments.compare import markdown_table, summarize, with_ratio_to_sync
 
 
 def _jsonl(path, rows):
@@ -49,7 +49,7 @@ def test_a_run_without_overlap_figures_has_none(tmp_path):
 def test_compare_trains_each_setting_in_a_child_and_keeps_the_finished_rows_after_a_stop_or_an_error(
         tmp_path, monkeypatch, capsys):
     from agentenv.errors import AgentEnvError
-    from agentenv.trainer import compare
+    from agentenv.trainer.experiments import compare
 
     outcomes, seen = {}, []
 
@@ -90,7 +90,7 @@ def test_compare_trains_each_setting_in_a_child_and_keeps_the_finished_rows_afte
 
 
 def test_compare_never_writes_among_or_deletes_user_files(tmp_path, capsys):
-    from agentenv.trainer.compare import main
+    from agentenv.trainer.experiments.compare import main
 
     mine = tmp_path / "mine"
     mine.mkdir()

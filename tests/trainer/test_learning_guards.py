@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from agentenv.errors import ConfigError, DataError
+from agentenv.trainer.experiments.significance import paired_bootstrap, two_proportion_interval
 from agentenv.trainer.learner import Learner, OptimConfig
 from agentenv.trainer.objectives import bernoulli_kl_gate, masked_batch_mean_advantages
-from agentenv.trainer.significance import paired_bootstrap, two_proportion_interval
 from agentenv.trainer.update_step import prepare_batch
 from tests.trainer.conftest import make_trajectories, on_policy, tiny_model
 

@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from agentenv.errors import DataError
-from agentenv.trainer.learning_report import aggregate, entropy_ratio, main, read_run, reward_holds
-from agentenv.trainer.significance import seed_task_bootstrap
+from agentenv.trainer.experiments.learning_report import aggregate, entropy_ratio, main, read_run, reward_holds
+from agentenv.trainer.experiments.significance import seed_task_bootstrap
 
 
 def test_reward_holds_compares_the_last_quarter_with_the_second():

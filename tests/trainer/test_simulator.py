@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from agentenv.errors import ConfigError
-from agentenv.trainer.simulator import SIM_POLICIES, SimConfig, _Sim, compare, format_table, main, simulate
+from agentenv.trainer.experiments.simulator import SIM_POLICIES, SimConfig, _Sim, compare, format_table, main, simulate
 
 # Generation outpaces training here (the asynchronous case where staleness control matters).
 BASE = SimConfig(num_trajectories=3000, batch_size=32, concurrency=256, train_step_s=5.0, seed=3)

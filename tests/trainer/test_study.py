@@ -10,9 +10,9 @@ import time
 import pytest
 
 from agentenv.errors import ConfigError, DataError, RunFolderError
-from agentenv.trainer.significance import paired_bootstrap
-from agentenv.trainer.studies import STUDIES, WALL_CLOCK_S, Setting, Study
-from agentenv.trainer.study import (
+from agentenv.trainer.experiments.significance import paired_bootstrap
+from agentenv.trainer.experiments.studies import STUDIES, WALL_CLOCK_S, Setting, Study
+from agentenv.trainer.experiments.study import (
     get_study,
     list_studies,
     main,
@@ -113,7 +113,7 @@ def test_paired_differences_pair_by_task_id_and_refuse_other_tasks(tmp_path):
 
 
 def test_a_wall_clock_setting_counts_its_loop_seconds_over_sessions(tmp_path):
-    from agentenv.trainer.study import _add_loop_seconds, loop_seconds_spent
+    from agentenv.trainer.experiments.study import _add_loop_seconds, loop_seconds_spent
 
     run = tmp_path / "r"
     run.mkdir()
@@ -152,7 +152,7 @@ def test_the_length_study_reports_the_truncated_share_and_n_a_for_runs_that_did_
 
 
 def test_the_staleness_studies_plot_the_gs_and_ws_distributions(tmp_path):
-    from agentenv.trainer.study import plot_study
+    from agentenv.trainer.experiments.study import plot_study
 
     for name, ws in (("sync", 0), ("async_none", 2)):
         _fake_setting(tmp_path / name, 0.5, (1.0, 1.0, 1.0))
@@ -250,7 +250,7 @@ def test_bad_input_is_a_clear_error_before_anything_runs(tmp_path, capsys, monke
 
 
 def test_a_wall_clock_study_has_seconds_and_an_equal_updates_study_updates():
-    from agentenv.trainer import study
+    from agentenv.trainer.experiments import study
 
     assert study.budget(STUDIES["staleness_wall_clock"], quick=False) == (study.WALL_CLOCK_UPDATES, 600.0)
     assert study.budget(STUDIES["signed_feedback"], quick=True) == (2, None)
@@ -261,7 +261,7 @@ def _finished_setting(run, cfg, seconds=None, *, success=0.5):
     import yaml
 
     from agentenv.configio import to_dict
-    from agentenv.trainer.study_share import setting_key
+    from agentenv.trainer.experiments.study_share import setting_key
 
     _fake_setting(run, success, (1.0, 1.0, 0.0))
     (run / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg)))
@@ -271,7 +271,7 @@ def _finished_setting(run, cfg, seconds=None, *, success=0.5):
 
 
 def test_a_finished_identical_setting_is_copied_from_a_sibling_study_not_rerun(tmp_path):
-    from agentenv.trainer.study_share import find_finished, setting_key
+    from agentenv.trainer.experiments.study_share import find_finished, setting_key
 
     (_, full), (_, positive) = setting_configs(STUDIES["signed_feedback"], tmp_path / "a", quick=True)
     _finished_setting(tmp_path / "a" / "full_baseline", full, success=0.625)
@@ -298,7 +298,7 @@ def test_a_finished_identical_setting_is_copied_from_a_sibling_study_not_rerun(t
 def test_the_before_evaluation_is_shared_only_from_a_run_that_starts_from_the_same_policy(tmp_path):
     import dataclasses
 
-    from agentenv.trainer.study_share import before_key, find_before
+    from agentenv.trainer.experiments.study_share import before_key, find_before
 
     (_, full), (_, positive) = setting_configs(STUDIES["signed_feedback"], tmp_path, quick=True)
     _finished_setting(tmp_path / "s" / "full_baseline", full)
@@ -374,7 +374,7 @@ def test_a_quick_study_writes_real_figures_and_resumes_without_rerunning(tmp_pat
 
 
 def test_study_all_runs_every_runnable_study_in_its_folder_and_resumes_only_those_started(tmp_path, monkeypatch):
-    from agentenv.trainer import study
+    from agentenv.trainer.experiments import study
 
     calls = []
 
@@ -402,7 +402,7 @@ def test_a_setting_stopped_before_its_first_checkpoint_is_trained_again_keeping_
     import yaml
 
     from agentenv.configio import to_dict
-    from agentenv.trainer import study
+    from agentenv.trainer.experiments import study
 
     (setting, cfg), _ = setting_configs(STUDIES["signed_feedback"], tmp_path / "s", quick=True)
     run = tmp_path / "s" / setting.name
@@ -428,7 +428,7 @@ def test_a_setting_stopped_before_its_first_checkpoint_is_trained_again_keeping_
 
 
 def test_a_setting_s_process_is_told_how_to_continue_and_a_stop_ends_the_study(tmp_path, monkeypatch):
-    from agentenv.trainer import study
+    from agentenv.trainer.experiments import study
 
     seen = []
 
@@ -446,7 +446,7 @@ def test_a_setting_s_process_is_told_how_to_continue_and_a_stop_ends_the_study(t
 def test_a_setting_started_again_replaces_its_own_folder_whatever_it_holds(tmp_path):
     """A setting folder whose run stopped before train wrote run.json (only a copied evaluation in it) is the
     study's own: starting the setting again empties it, where train's --overwrite would refuse it."""
-    from agentenv.trainer.study import _start_setting
+    from agentenv.trainer.experiments.study import _start_setting
 
     study = STUDIES["one_vs_group"]
     setting, cfg = setting_configs(study, tmp_path, quick=False)[0]

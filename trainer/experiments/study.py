@@ -1,4 +1,4 @@
-"""``agentenv study NAME``: the settings of one study (:mod:`agentenv.trainer.studies`), a table, plots.
+"""``agentenv study NAME``: the settings of one study (:mod:`agentenv.trainer.experiments.studies`), a table, plots.
 
 Each setting trains the same base task with the same budget (updates, so rollouts; or wall-clock
 seconds) in its own run folder under ``--run-dir``; then ``study.md``, ``study.json`` and
@@ -6,7 +6,7 @@ seconds) in its own run folder under ``--run-dir``; then ``study.md``, ``study.j
 ``staleness.jsonl``, ``eval_*.json``). Each setting trains in a child process of its own. A
 setting that finished gets ``study_setting.json`` and is never run again; a setting stopped half-way
 (Ctrl-C, a killed process) continues with train's resume. The table rows extend
-:func:`agentenv.trainer.compare.summarize`'s.
+:func:`agentenv.trainer.experiments.compare.summarize`'s.
 """
 
 from __future__ import annotations
@@ -24,11 +24,10 @@ from typing import Any
 
 from agentenv.configio import apply_overrides, load_config, read_yaml
 from agentenv.errors import AgentEnvError, ConfigError, DataError, RunFolderError
-from agentenv.trainer.compare import markdown_table, summarize
 from agentenv.trainer.config import TrainConfig
-from agentenv.trainer.run_process import train_in_child
-from agentenv.trainer.significance import Z95, paired_bootstrap
-from agentenv.trainer.studies import (
+from agentenv.trainer.experiments.compare import markdown_table, summarize
+from agentenv.trainer.experiments.significance import Z95, paired_bootstrap
+from agentenv.trainer.experiments.studies import (
     BASE_OVERRIDES,
     BASE_RECIPE,
     FIGURES,
@@ -39,7 +38,7 @@ from agentenv.trainer.studies import (
     Setting,
     Study,
 )
-from agentenv.trainer.study_share import (
+from agentenv.trainer.experiments.study_share import (
     MARKER,
     before_key,
     copy_finished,
@@ -48,6 +47,7 @@ from agentenv.trainer.study_share import (
     has_before,
     setting_key,
 )
+from agentenv.trainer.run_process import train_in_child
 
 __all__ = ["get_study", "main", "run_study", "setting_configs", "study_row", "wilson_interval"]
 
@@ -154,7 +154,7 @@ def run_study(name: str, root: Path, *, quick: bool = False, resume: bool = Fals
 
     With ``share`` (the default) a setting identical to a finished one in a study folder beside ``root``
     is copied from it, and a setting's "before" held-out evaluation is copied from a run that starts
-    from the same policy (:mod:`agentenv.trainer.study_share`); the copies say where they came from.
+    from the same policy (:mod:`agentenv.trainer.experiments.study_share`); the copies say where they came from.
     ``interrupted`` in the result is True when Ctrl-C stopped a setting (the table then has the
     settings that finished).
 
@@ -258,7 +258,7 @@ def _start_setting(cfg: TrainConfig, run_dir: Path, share_in: Path | None, *, lo
     """Make a fresh run folder (a folder with no ``config.yaml`` holds no run).
 
     A folder started again (:func:`_nothing_to_resume`) keeps its ``eval_before.json`` when it is of
-    the same policy (:func:`~agentenv.trainer.study_share.has_before`). Else, with ``share_in``, copy
+    the same policy (:func:`~agentenv.trainer.experiments.study_share.has_before`). Else, with ``share_in``, copy
     the "before" evaluation of a run under it that starts from the same policy (marked ``shared_from``).
     """
     own = run_dir / "eval_before.json"  # a setting started again keeps its own if it measured this policy
@@ -328,7 +328,7 @@ def study_row(study: Study, setting: str, run_dir: Path, reference: Path | None 
 
     Rates (``success_*``) come with ``<name>_ci95``, the Wilson interval over the held-out tasks. A
     study with ``success_after`` also gets two paired differences over the same held-out tasks, each
-    with its paired-bootstrap 95% interval (:func:`agentenv.trainer.significance.paired_bootstrap`;
+    with its paired-bootstrap 95% interval (:func:`agentenv.trainer.experiments.significance.paired_bootstrap`;
     fractions, 0.1 is 10 points): ``gain`` (this setting's after minus its before) and ``vs_first``
     (this setting's after minus the ``reference`` setting's after; None without a reference). A pair
     is tighter than the two Wilson intervals side by side, since the same tasks tend to succeed in both.

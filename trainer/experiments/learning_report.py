@@ -3,14 +3,14 @@
 Reads finished ``agentenv train`` run folders (``metrics.jsonl``, ``eval_before.json``,
 ``eval_after.json``, ``summary.json``) of the same config and different ``run.seed``:
 
-    python -m agentenv.trainer.learning_report RUN [RUN ...] [--out DIR]
+    python -m agentenv.trainer.experiments.learning_report RUN [RUN ...] [--out DIR]
 
 prints a Markdown table (one row per run, then mean, sd, min and max over runs) and, with
 ``--out``, writes ``report.json`` and ``curves.png`` (batch reward and behaviour entropy per
 update, every run overlaid) there.
 
 Per run: held-out success before and after, the paired 95% interval of the change (bootstrap over
-tasks, :func:`agentenv.trainer.significance.paired_bootstrap`), and two collapse checks on the
+tasks, :func:`agentenv.trainer.experiments.significance.paired_bootstrap`), and two collapse checks on the
 per-update logs:
 
 * **reward holds**: the mean batch reward over the last quarter of the updates is at least the mean
@@ -24,7 +24,7 @@ per-update logs:
   per batch is larger); :attr:`RunReport.entropy_key` says which.
 
 Across runs: mean, sample standard deviation, min and max of "after", and a 95% interval of the
-mean change that resamples seeds, then tasks (:func:`agentenv.trainer.significance.seed_task_bootstrap`).
+mean change that resamples seeds, then tasks (:func:`agentenv.trainer.experiments.significance.seed_task_bootstrap`).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from agentenv.errors import DataError
-from agentenv.trainer.significance import paired_bootstrap, seed_task_bootstrap
+from agentenv.trainer.experiments.significance import paired_bootstrap, seed_task_bootstrap
 
 __all__ = ["RunReport", "aggregate", "entropy_ratio", "main", "read_run", "reward_holds"]
 
