@@ -72,7 +72,7 @@ def _check_step_result(env: Env, r: Any, where: str) -> None:
 
 
 def _comparable(env: Env, r: StepResult) -> tuple[Any, ...]:
-    skip = set(getattr(env, "timing_info_keys", ()))
+    skip = set(env.timing_info_keys)
     info = {k: v for k, v in r.info.items() if k not in skip}
     return (r.observation, float(r.reward), r.terminated, r.truncated, info)
 

@@ -115,6 +115,14 @@ class Env(abc.ABC, Generic[ObsT, ActT]):
             played out). The default ``"end"`` suits graded answers; games choose ``"act"``.
         demonstrations_tag: Names this env's :meth:`scripted_demonstrations` in the warm-up's cache
             key; None (default) uses the class's qualified name, ``""`` adds nothing to the key.
+        episode_deadline_s: The env's default wall-clock budget of one episode (seconds: reset,
+            generation and steps), a stated multiple of its expected episode time; None (default): no
+            deadline. ``rollout.episode_deadline_s`` overrides it (may be a property).
+        timing_info_keys: Keys of ``info`` that hold wall-clock timings (seconds), which vary from
+            run to run: the Gymnasium adapter moves them out of ``info`` and the determinism checker
+            ignores them.
+        split: The name of the task split this instance plays (for example ``"valid_seen"``), copied
+            into evaluation reports; ``""`` (default): unnamed.
 
     Optional hooks: :meth:`tasks` (a fixed task list, for held-out evaluation) and
     :meth:`scripted_demonstrations` (transcripts for the supervised warm-up).
@@ -128,6 +136,9 @@ class Env(abc.ABC, Generic[ObsT, ActT]):
     action_space: spaces.Space = text_space()
     metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
     demonstrations_tag: ClassVar[str | None] = None
+    episode_deadline_s: float | None = None
+    timing_info_keys: tuple[str, ...] = ()
+    split: str = ""
 
     _np_random: np.random.Generator | None = None
     _closed: bool = False

@@ -275,7 +275,7 @@ async def _run(args: argparse.Namespace) -> tuple[EvalReport, list[EpisodeResult
     refuse_checkpoint(args.model)
     kwargs = env_kwargs(args)
     async with make(args.env, **kwargs) as env:
-        tasks, split = env.tasks(), str(getattr(env, "split", ""))
+        tasks, split = env.tasks(), env.split
     if tasks is not None and len(tasks) and args.seeds is None:
         jobs = make_jobs(list(zip(tasks.ids, tasks.kinds, strict=True)), samples_per_game=args.samples_per_game,
                          limit=args.limit, seed=args.seed, transcripts=args.transcripts)

@@ -476,7 +476,7 @@ async def env_tasks(env_id: str, kwargs: Mapping[str, Any], *, remedy: str = "th
     from agentenv.registration import make
 
     async with make(env_id, **kwargs) as env:
-        tasks, split = env.tasks(), str(getattr(env, "split", ""))
+        tasks, split = env.tasks(), env.split
     if tasks is None or not len(tasks):
         raise ConfigError(f"environment {env_id!r} declares no fixed tasks (Env.tasks), so {remedy}")
     return (lambda: make(env_id, **kwargs)), tasks, split

@@ -52,7 +52,7 @@ class SyncEnv(gymnasium.Env):
         self.observation_space = env.observation_space
         self.action_space = env.action_space
         self.last_timing: dict[str, float] = {}
-        self._timing_keys = tuple(getattr(env, "timing_info_keys", ()))
+        self._timing_keys = tuple(env.timing_info_keys)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="agentenv-syncenv", daemon=True)
         self._thread.start()

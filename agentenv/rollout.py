@@ -21,7 +21,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 
 from agentenv.core import Env
 from agentenv.engines.base import GenerationEngine, GenerationOutput, SamplingParams, derive_seed
@@ -46,6 +46,21 @@ class Renderer(Protocol):
 
     def decode(self, ids: list[int]) -> str:
         """Text of sampled ids for the environment (special tokens dropped)."""
+        ...
+
+
+@runtime_checkable
+class EpisodePlayer(Protocol):
+    """An environment that plays whole episodes itself, calling the model (:class:`agentenv.agents.env.AgentEnv`).
+
+    :func:`run_episode_samples` hands such an env the engine, renderer and config instead of
+    alternating generation and ``step``.
+    """
+
+    async def play_episode(self, engine: GenerationEngine, renderer: Renderer, cfg: RolloutConfig, *,
+                           seed: int | None = None, options: Mapping[str, Any] | None = None,
+                           version_fn: Callable[[], int] | None = None) -> list[Trajectory]:
+        """Play one episode; return its samples, scored (``status="error"`` rather than raising)."""
         ...
 
 
@@ -171,7 +186,7 @@ class _DeadlineHit(Exception):
         self.inside = inside
 
 
-def episode_deadline(cfg: RolloutConfig, env: Any) -> float | None:
+def episode_deadline(cfg: RolloutConfig, env: Env) -> float | None:
     """The episode's deadline in seconds: ``cfg.episode_deadline_s``, else the env's declared one.
 
     An environment declares its default as an ``episode_deadline_s`` attribute (seconds, a stated
@@ -179,7 +194,7 @@ def episode_deadline(cfg: RolloutConfig, env: Any) -> float | None:
     """
     if cfg.episode_deadline_s is not None:
         return cfg.episode_deadline_s
-    return getattr(env, "episode_deadline_s", None)
+    return env.episode_deadline_s
 
 
 class _Clock:
@@ -303,15 +318,14 @@ async def run_episode_samples(
         template could not render as an exact continuation (``cfg.on_prefix_violation``). This
         function does not raise for those.
     """
-    play = getattr(env, "play_episode", None)
-    if play is not None:  # the env drives the model (agentenv.agents)
-        return await play(engine, renderer, cfg, seed=seed, options=options, version_fn=version_fn)
+    if isinstance(env, EpisodePlayer):  # the env drives the model (agentenv.agents)
+        return await env.play_episode(engine, renderer, cfg, seed=seed, options=options, version_fn=version_fn)
     if sampling_seed is not None and (isinstance(sampling_seed, bool) or not isinstance(sampling_seed, int)):
         raise TypeError(f"sampling_seed must be an int or None, got {sampling_seed!r}")
     current_version = version_fn or (lambda: engine.version)
     traj = Trajectory(start_version=current_version(), start_time=time.time())
     info: dict[str, Any] = {"turns": 0, "truncation": None, "turn_endings": [], "prefix_violations": 0}
-    cut_turn = getattr(env, "cut_turn", "end")
+    cut_turn = env.cut_turn
     clock = _Clock(cfg, episode_deadline(cfg, env))
     samples: list[Trajectory] = []  # earlier samples of a split episode
     conv = None

@@ -37,14 +37,17 @@ import random
 import signal
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 import yaml
 
+from agentenv.chat import ChatRenderer
 from agentenv.collector import RolloutCollector
 from agentenv.configio import apply_overrides, load_config, read_yaml, to_dict
+from agentenv.engines.base import GenerationEngine
 from agentenv.engines.busy import BusyClock, BusyTrackingEngine
 from agentenv.engines.supervised import SupervisedEngine, rebuild_from_learner
 from agentenv.errors import AgentEnvError, ConfigError, Interrupted, RunFolderError
@@ -53,7 +56,7 @@ from agentenv.forced_lag import LaggedWeights, Snapshot
 from agentenv.malloc import release_free_heap
 from agentenv.models import check_model
 from agentenv.output_folders import RUN, claim_folder
-from agentenv.pool import TrajectoryPool
+from agentenv.pool import BatchSelection, TrajectoryPool
 from agentenv.trainer import setup
 from agentenv.trainer.checkpoint import CheckpointManager
 from agentenv.trainer.config import TrainConfig
@@ -67,6 +70,8 @@ from agentenv.trainer.recipe_files import find_recipe, recipe_data
 from agentenv.trainer.resume import Resumed, ensure_run_id, run_identity, run_state
 from agentenv.trainer.resume import resume as resume_run
 from agentenv.trainer.setup import LoopParts
+from agentenv.trainer.update_step import UpdateStats
+from agentenv.trajectory import Trajectory
 
 logger = logging.getLogger("agentenv.train")
 
@@ -241,7 +246,7 @@ async def _train(cfg: TrainConfig, run_dir: Path, parts: LoopParts, *, resume: b
     learner_lock = asyncio.Lock()
     lag: LaggedWeights | None = None  # staleness.forced_lag: the engine serves the learner's weights k versions late
 
-    async def rebuild_engine(dead: Any) -> Any:
+    async def rebuild_engine(dead: GenerationEngine) -> GenerationEngine:
         async with learner_lock:  # under a forced lag the rebuilt engine serves the lagged weights
             source = lag.engine_source(learner) if lag is not None else learner
             return await rebuild_from_learner(dead, source, lambda m: parts.build_engine(cfg, m, tokenizer))
@@ -306,9 +311,9 @@ async def _train(cfg: TrainConfig, run_dir: Path, parts: LoopParts, *, resume: b
     progress = setup.progress_bar(total=cfg.run.updates if loop_seconds is None else None, initial=learner.version)
     staleness_log = (run_dir / "staleness.jsonl").open("a")
     decisions_log = (run_dir / "decisions.jsonl").open("a")
-    rejected_now: list[Any] = []  # rejected while waiting for the current batch
+    rejected_now: list[Trajectory] = []  # rejected while waiting for the current batch
 
-    def on_decision(sel: Any) -> None:
+    def on_decision(sel: BatchSelection) -> None:
         rejected_now.extend(sel.rejected)
         if cfg.staleness.requeue_rejected:
             for traj in sel.rejected:
@@ -416,7 +421,7 @@ async def _train(cfg: TrainConfig, run_dir: Path, parts: LoopParts, *, resume: b
     return summary
 
 
-async def held_out(cfg: TrainConfig, engine: Any, renderer: Any, run_dir: Path, label: str,
+async def held_out(cfg: TrainConfig, engine: GenerationEngine, renderer: ChatRenderer, run_dir: Path, label: str,
                    stop: asyncio.Event) -> float | None:
     """Evaluate the engine's policy on the held-out tasks; write ``eval_<label>.json``; return the success rate.
 
@@ -439,7 +444,7 @@ async def held_out(cfg: TrainConfig, engine: Any, renderer: Any, run_dir: Path, 
     return report.success_rate
 
 
-def _step(learner: PolicyLearner, selection: Any) -> Any:
+def _step(learner: PolicyLearner, selection: BatchSelection) -> UpdateStats:
     """One learner update on the selected batch (in a worker thread), then the ``update`` pause point."""
     stats = learner.update(selection.batch, scores=selection.scores)
     pause_point("update")  # tests: AGENTENV_PAUSE_AT=update:K kills a run here (trainer/pause.py)
@@ -447,7 +452,8 @@ def _step(learner: PolicyLearner, selection: Any) -> Any:
 
 
 async def next_batch(pool: TrajectoryPool, learner: PolicyLearner, cfg: TrainConfig, stop: asyncio.Event,
-                     on_decision: Any, collector: RolloutCollector, learner_clock: BusyClock | None = None) -> Any:
+                     on_decision: Callable[[BatchSelection], None], collector: RolloutCollector,
+                     learner_clock: BusyClock | None = None) -> BatchSelection | None:
     """Wait until the pool yields a full batch of B under the staleness policy (None when stopped).
 
     PACE's scoring passes (``staleness.drift_mode=scoring``) run on ``learner_clock`` when given.
@@ -502,7 +508,7 @@ class OffLoopScores:
         self.clock = clock or BusyClock()
         self.cache: dict[str, torch.Tensor] = {}
 
-    async def prepare(self, trajectories: list[Any]) -> None:
+    async def prepare(self, trajectories: Sequence[Trajectory]) -> None:
         """Score, in a worker thread, those of ``trajectories`` not cached yet."""
         todo = [t for t in trajectories if t.id not in self.cache]
         if todo:
@@ -510,7 +516,7 @@ class OffLoopScores:
                 out = await asyncio.to_thread(self.learner.score, todo)
             self.cache.update(zip((t.id for t in todo), out, strict=True))
 
-    def lookup(self, trajectories: list[Any]) -> list[torch.Tensor]:
+    def lookup(self, trajectories: Sequence[Trajectory]) -> list[torch.Tensor]:
         """The drift scorer for ``select_batch``: cached scores, missing ones computed here."""
         missing = [t for t in trajectories if t.id not in self.cache]
         if missing:

@@ -8,7 +8,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from tqdm.auto import tqdm
@@ -25,11 +25,17 @@ from agentenv.trainer.config import TrainConfig
 from agentenv.trainer.learner_contract import PolicyLearner
 from agentenv.trajectory import Trajectory
 
+if TYPE_CHECKING:
+    from agentenv.collector import RolloutCollector
+    from agentenv.engines.base import GenerationEngine
+    from agentenv.pool import BatchSelection, TrajectoryPool
+    from agentenv.trainer.update_step import UpdateStats
+
 logger = logging.getLogger(__name__)
 
 
 # -- environment ----------------------------------------------------------------------------------
-def env_factory(cfg: TrainConfig, renderer: Any = None) -> Callable[[], Env]:
+def env_factory(cfg: TrainConfig, renderer: ChatRenderer | None = None) -> Callable[[], Env]:
     """A builder of training environments: ``make(cfg.env.id, **cfg.env.kwargs)`` (``remote=`` ``env.remote``).
 
     One environment is built here, so that a wrong id or constructor argument fails now with a clear
@@ -95,7 +101,7 @@ def shortfall(cfg: TrainConfig, summary: dict[str, Any]) -> str | None:
     return f"made {done} of the {asked} updates asked for: {why}"
 
 
-def default_env_kwargs(cfg: TrainConfig, renderer: Any) -> dict[str, Any]:
+def default_env_kwargs(cfg: TrainConfig, renderer: ChatRenderer | None) -> dict[str, Any]:
     """Constructor arguments the trainer fills from the model: ``{"tool_parser": NAME}`` or ``{}``.
 
     ``NAME`` is ``renderer.tool_parser_name`` (the parser the chat template's call syntax implies,
@@ -224,7 +230,7 @@ def build_learner(cfg: TrainConfig, model: torch.nn.Module) -> PolicyLearner:
     return build(cfg, model, warmed_up=cfg.warmup.steps > 0)
 
 
-def build_engine(cfg: TrainConfig, model: torch.nn.Module, tokenizer: Any) -> Any:
+def build_engine(cfg: TrainConfig, model: torch.nn.Module, tokenizer: Any) -> GenerationEngine:
     """The generation engine the config names, serving policy version 0.
 
     vLLM gets the model written to a temporary folder (bfloat16 weights on a GPU) and the memory share
@@ -270,11 +276,12 @@ class LoopParts:
     """
 
     # looked up when a LoopParts is made, so a process that replaced a builder in this module gets it
-    load_policy: Callable[..., tuple[torch.nn.Module, Any, Any]] = field(default_factory=lambda: load_policy)
+    load_policy: Callable[..., tuple[torch.nn.Module, Any, ChatRenderer]] = field(default_factory=lambda: load_policy)
     env_factory: Callable[..., Callable[[], Env]] = field(default_factory=lambda: env_factory)
     build_learner: Callable[[TrainConfig, torch.nn.Module], PolicyLearner] = field(
         default_factory=lambda: build_learner)
-    build_engine: Callable[[TrainConfig, torch.nn.Module, Any], Any] = field(default_factory=lambda: build_engine)
+    build_engine: Callable[[TrainConfig, torch.nn.Module, Any], GenerationEngine] = field(
+        default_factory=lambda: build_engine)
 
 
 # -- logging --------------------------------------------------------------------------------------
@@ -294,8 +301,9 @@ def consumed_record(traj: Trajectory, version: int) -> dict[str, Any]:
     }
 
 
-def update_metrics(version: int, selection: Any, stats: Any, pool: Any, collector: Any,
-                   wait_s: float, update_s: float, t_start: float, *, consumed_at: int | None = None) -> dict[str, Any]:
+def update_metrics(version: int, selection: BatchSelection, stats: UpdateStats, pool: TrajectoryPool,
+                   collector: RolloutCollector, wait_s: float, update_s: float, t_start: float, *,
+                   consumed_at: int | None = None) -> dict[str, Any]:
     """The metrics row of one update: objective stats, rewards, lengths, staleness, pool, failures, timing.
 
     ``version`` is the policy version after the update; ``consumed_at`` the version that consumed the
