@@ -11,7 +11,7 @@ backend    runs                                                        scale
 single     :class:`agentenv.trainer.learner.Learner` in this process   CPU or one GPU
 openrlhf   :class:`~agentenv.trainer.openrlhf_backend.OpenRLHFLearner`  one process: gloo on a CPU, NCCL
            (OpenRLHF's DeepSpeed strategy, ZeRO ``zero_stage``)         and bf16 on one GPU
-ray        :class:`~agentenv.trainer.openrlhf_backend.RayLearnerGroup`  ``world_size`` actors (GPUs), one
+ray        :class:`~agentenv.trainer.ray_learner.RayLearnerGroup`  ``world_size`` actors (GPUs), one
            (one ``OpenRLHFLearner`` rank per Ray actor)                 node or a Ray cluster
 =========  ==========================================================  ================================
 
@@ -102,7 +102,7 @@ def _ray_group(cfg: TrainConfig, model: torch.nn.Module, *, warmed_up: bool) -> 
         import ray
     except ImportError as exc:
         raise ConfigError("learner.backend 'ray' needs ray: run scripts/install_openrlhf.sh") from exc
-    from agentenv.trainer.openrlhf_backend import RayLearnerGroup
+    from agentenv.trainer.ray_learner import RayLearnerGroup
 
     if not ray.is_initialized():
         if cfg.learner.ray_address is None:  # a private Ray on this machine, loopback only

@@ -2,7 +2,7 @@
 
 :class:`PolicyLearner` is met by the single-process :class:`agentenv.trainer.learner.Learner`, the
 DeepSpeed :class:`agentenv.trainer.openrlhf_backend.OpenRLHFLearner` and the Ray
-:class:`agentenv.trainer.openrlhf_backend.RayLearnerGroup`. All three run the same micro-step
+:class:`agentenv.trainer.ray_learner.RayLearnerGroup`. All three run the same micro-step
 (:func:`agentenv.trainer.update_step.micro_batch_objective`) and report :class:`UpdateStats`.
 ``tests/trainer/test_learner_contract.py`` checks each backend's members and signatures against it.
 """

@@ -17,7 +17,8 @@ MEMBERS = ("score", "update", "weights_for_engine", "save", "restore")
 def _backends() -> list[type]:
     classes: list[type] = [Learner]
     try:
-        from agentenv.trainer.openrlhf_backend import OpenRLHFLearner, RayLearnerGroup
+        from agentenv.trainer.openrlhf_backend import OpenRLHFLearner
+        from agentenv.trainer.ray_learner import RayLearnerGroup
     except Exception as exc:  # pragma: no cover - the train extra installs OpenRLHF
         pytest.skip(f"the DeepSpeed/Ray backends do not import here: {exc}")
     return [*classes, OpenRLHFLearner, RayLearnerGroup]

@@ -26,8 +26,9 @@ pytest.importorskip("deepspeed", reason="needs deepspeed: run scripts/install_op
 pytest.importorskip("openrlhf", reason="needs openrlhf: run scripts/install_openrlhf.sh")
 
 from agentenv.errors import ConfigError, DataError  # noqa: E402
+from agentenv.trainer.cpu_data_parallel import run_cpu_data_parallel  # noqa: E402
 from agentenv.trainer.learner import Learner, OptimConfig  # noqa: E402
-from agentenv.trainer.openrlhf_backend import OpenRLHFBackendConfig, run_cpu_data_parallel  # noqa: E402
+from agentenv.trainer.openrlhf_backend import OpenRLHFBackendConfig  # noqa: E402
 
 from .conftest import make_trajectories, on_policy, tiny_model  # noqa: E402
 

@@ -25,7 +25,7 @@ pytest.importorskip("deepspeed", reason="needs deepspeed: run scripts/install_op
 pytest.importorskip("openrlhf", reason="needs openrlhf: run scripts/install_openrlhf.sh")
 
 from agentenv.core import Env, StepResult  # noqa: E402
-from agentenv.trainer.openrlhf_backend import run_cpu_data_parallel  # noqa: E402
+from agentenv.trainer.cpu_data_parallel import run_cpu_data_parallel  # noqa: E402
 from tests.fakes import CharRenderer  # noqa: E402
 
 pytestmark = [pytest.mark.openrlhf, pytest.mark.slow]
