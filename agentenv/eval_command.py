@@ -18,7 +18,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentenv.configio import key_values
 from agentenv.errors import AgentEnvError, ConfigError
@@ -34,6 +34,10 @@ from agentenv.evaluation import (
     write_report,
 )
 from agentenv.output_folders import EVALUATION, claim_folder, folder_name
+
+if TYPE_CHECKING:
+    from agentenv.chat import ChatRenderer
+    from agentenv.engines.base import GenerationEngine
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -156,37 +160,33 @@ def template_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 
 
-def _build_engine(args: argparse.Namespace) -> tuple[Any, Any]:
-    """Load the model and return ``(engine, renderer)``: vLLM, or transformers (GPU if there is one)."""
+def _build_engine(args: argparse.Namespace) -> tuple[GenerationEngine, ChatRenderer]:
+    """Load the model and return ``(engine, renderer)`` (:func:`agentenv.engines.build.build_engine`).
+
+    vLLM loads the folder itself; the transformers engine decodes the model loaded here, on a GPU in
+    bfloat16 if there is one, else in float32 on the CPU.
+    """
     import torch
 
     from agentenv.chat import ChatRenderer
+    from agentenv.engines.build import build_engine
     from agentenv.models import DEFAULT_ALIASES, chat_template, load_model_and_tokenizer, resolve_model_path
 
     if args.engine == "vllm":
         from transformers import AutoTokenizer
 
-        from agentenv.engines.vllm_engine import VLLMEngine
-
         path = resolve_model_path(args.model)
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
         if args.model is None or str(args.model) in DEFAULT_ALIASES:
             tokenizer.chat_template = chat_template()
+        engine = build_engine("vllm", path=path, seed=args.seed, memory_share=args.gpu_memory_utilization)
+    else:
         gpu = torch.cuda.is_available()
-        # On a CPU, vLLM's "gpu_memory_utilization" is the share of host memory it reserves for KV.
-        util = args.gpu_memory_utilization or (0.9 if gpu else 0.2)
-        engine = VLLMEngine(
-            path, dtype="bfloat16" if gpu else "auto", seed=args.seed, gpu_memory_utilization=util
+        model, tokenizer = load_model_and_tokenizer(
+            args.model, dtype=torch.bfloat16 if gpu else torch.float32, device="cuda" if gpu else "cpu"
         )
-        return engine, ChatRenderer(tokenizer, template_kwargs=template_kwargs(args))
-    from agentenv.engines.transformers_engine import TransformersEngine
-
-    gpu = torch.cuda.is_available()
-    model, tokenizer = load_model_and_tokenizer(
-        args.model, dtype=torch.bfloat16 if gpu else torch.float32, device="cuda" if gpu else "cpu"
-    )
-    return TransformersEngine(model, tokenizer, seed=args.seed), ChatRenderer(tokenizer,
-                                                                             template_kwargs=template_kwargs(args))
+        engine = build_engine("transformers", model=model, tokenizer=tokenizer, seed=args.seed)
+    return engine, ChatRenderer(tokenizer, template_kwargs=template_kwargs(args))
 
 
 def refuse_checkpoint(model: str | None) -> None:

@@ -231,30 +231,23 @@ def build_learner(cfg: TrainConfig, model: torch.nn.Module) -> PolicyLearner:
 
 
 def build_engine(cfg: TrainConfig, model: torch.nn.Module, tokenizer: Any) -> GenerationEngine:
-    """The generation engine the config names, serving policy version 0.
+    """The generation engine the config names, serving ``model`` as policy version 0.
 
-    vLLM gets the model written to a temporary folder (bfloat16 weights on a GPU) and the memory share
-    of ``model.memory_share``.
+    Through :func:`agentenv.engines.build.build_engine`. vLLM takes ``model.memory_share`` of the GPU;
+    by default 0.45 beside a learner on the same GPU (``learner.backend`` single or openrlhf), 0.9 when
+    the learners run on other GPUs (``ray``), 0.2 of host memory on a CPU.
 
     Raises:
         ConfigError: vLLM asked for but not installed.
         EngineError: The engine failed to start.
     """
-    from agentenv.engines.base import ContinuationMode
+    from agentenv.engines.build import build_engine as build
 
-    mode = ContinuationMode(cfg.model.continuation)
-    if cfg.model.engine == "vllm":
-        from agentenv.engines.vllm_engine import VLLMEngine
-
-        gpu = torch.cuda.is_available()
-        share = cfg.model.memory_share or (0.2 if not gpu else 0.9 if cfg.learner.backend == "ray" else 0.45)
-        return VLLMEngine.from_model(model, tokenizer, continuation=mode, seed=cfg.run.seed,
-                                     max_batch_size=cfg.model.max_batch_size, dtype="bfloat16" if gpu else "auto",
-                                     gpu_memory_utilization=share)
-    from agentenv.engines.transformers_engine import TransformersEngine
-
-    return TransformersEngine(model, tokenizer, max_batch_size=cfg.model.max_batch_size, continuation=mode,
-                              seed=cfg.run.seed)
+    share = cfg.model.memory_share
+    if share is None and torch.cuda.is_available():
+        share = 0.9 if cfg.learner.backend == "ray" else 0.45
+    return build(cfg.model.engine, model=model, tokenizer=tokenizer, seed=cfg.run.seed,
+                 max_batch_size=cfg.model.max_batch_size, continuation=cfg.model.continuation, memory_share=share)
 
 
 @dataclass(frozen=True)
