@@ -122,6 +122,11 @@ class RunConfig:
     """Back-pressure: no new episode starts while this many trajectories wait in the pool."""
     checkpoint_every: int = 10
     """Updates between checkpoints (a final one is always written)."""
+    entropy_probe: int = 16
+    """Rows of the first batch this process consumes kept as a fixed probe: after every update the
+    learner measures the mean entropy of pi at their policy tokens (``probe/policy_entropy``, nats per
+    token), the same states every time, so the figure moves with the policy and not with the batch's
+    success; 0: off (one no-grad forward pass of these rows per update)."""
     seed: int = 0
     """Seeds torch, the task stream and the sampler."""
     max_task_retries: int = 2
@@ -141,6 +146,8 @@ class RunConfig:
             raise ConfigError("run.updates, run.batch_size and run.concurrency must be >= 1")
         if self.max_batches is not None and self.max_batches < 1:
             raise ConfigError(f"run.max_batches must be >= 1 or null, got {self.max_batches}")
+        if self.entropy_probe < 0:
+            raise ConfigError(f"run.entropy_probe must be >= 0 rows (0: off), got {self.entropy_probe}")
         if self.max_pool_size < self.batch_size:
             raise ConfigError(f"run.max_pool_size ({self.max_pool_size}) must be >= run.batch_size ({self.batch_size})")
 

@@ -136,6 +136,46 @@ def token_logprobs(
     return lp, ent
 
 
+
+def mean_policy_entropy(
+    model: torch.nn.Module,
+    batch: PolicyBatch,
+    *,
+    micro_batch_size: int,
+    sampling: SamplingTransform | None = None,
+    share_prefix: bool = False,
+    chunk_tokens: int | None = DEFAULT_CHUNK_TOKENS,
+    device: torch.device | str | None = None,
+) -> float:
+    """The mean entropy of ``model``'s processed distribution at ``batch``'s policy tokens (nats/token).
+
+    One no-grad pass of :func:`token_logprobs` per ``micro_batch_size`` rows (the model in eval mode,
+    its mode restored after); the entropy of every policy position, summed, over their count.
+
+    Raises:
+        DataError: ``batch`` holds no policy token.
+    """
+    from agentenv.errors import DataError
+    from agentenv.trainer.batching import split_micro_batches
+
+    total, count = 0.0, 0
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            for mb in split_micro_batches(batch, micro_batch_size):
+                mb = mb.to(device) if device is not None else mb
+                _, ent = token_logprobs(model, mb, with_entropy=True, sampling=sampling, share_prefix=share_prefix,
+                                        chunk_tokens=chunk_tokens)
+                total += float(ent[mb.loss_mask].double().sum())
+                count += int(mb.loss_mask.sum())
+    finally:
+        model.train(was_training)
+    if count == 0:
+        raise DataError("no policy token to measure the entropy at")
+    return total / count
+
+
 def shared_prefix(model: torch.nn.Module, batch: PolicyBatch, *, leaves: bool) -> SharedPrefix | None:
     """The KV cache of ``batch``'s shared prefix (:func:`shared_prefix_length`), or None.
 

@@ -38,7 +38,12 @@ from agentenv.trainer.batching import (
     shard_offset,
     split_micro_batches,
 )
-from agentenv.trainer.forward import enable_gradient_checkpointing, shared_prefix, token_logprobs
+from agentenv.trainer.forward import (
+    enable_gradient_checkpointing,
+    mean_policy_entropy,
+    shared_prefix,
+    token_logprobs,
+)
 from agentenv.trainer.logprob_chunks import DEFAULT_CHUNK_TOKENS
 from agentenv.trainer.lr_schedule import SCHEDULES, apply_optim_settings, build_scheduler, log_applied
 from agentenv.trainer.objectives import (
@@ -313,6 +318,23 @@ class Learner:
         return out
 
     # -- gradients --------------------------------------------------------------------------------
+
+    def entropy(self, trajectories: Sequence[Trajectory]) -> float:
+        """The mean entropy of pi (under ``sampling``) at the trajectories' policy tokens (nats/token), no gradient.
+
+        The exact entropy of the whole next-token distribution at each position, not the surprise
+        of the sampled token; on a fixed set of trajectories scored after every update it follows
+        how sure the policy is in the same states (``run.entropy_probe``).
+
+        Raises:
+            DataError: As :func:`agentenv.trainer.batching.build_batch`, or no policy token at all.
+        """
+        cfg = self.config
+        return mean_policy_entropy(self.model, build_batch(trajectories, self.pad_token_id),
+                                   micro_batch_size=cfg.micro_batch_size, sampling=self.sampling,
+                                   share_prefix=cfg.share_prefix, chunk_tokens=cfg.logprob_chunk_tokens,
+                                   device=self.device)
+
     def prepare(
         self, trajectories: Sequence[Trajectory], scores: Sequence[torch.Tensor] | None = None
     ) -> tuple[PolicyBatch, torch.Tensor | None]:

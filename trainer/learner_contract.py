@@ -39,6 +39,10 @@ class PolicyLearner(Protocol):
         """Current log pi at each trajectory's policy tokens (one ``(T_i,)`` float32 tensor each, nats), no gradient."""
         ...
 
+    def entropy(self, trajectories: Sequence[Trajectory]) -> float:
+        """Mean entropy of pi at each trajectory's policy tokens (nats/token), no gradient."""
+        ...
+
     def update(
         self, trajectories: Sequence[Trajectory], *, scores: Sequence[torch.Tensor] | None = None
     ) -> UpdateStats:

@@ -72,7 +72,12 @@ from agentenv.trainer.batching import (
     split_micro_batches,
 )
 from agentenv.trainer.checkpoint import LoadedCheckpoint
-from agentenv.trainer.forward import enable_gradient_checkpointing, shared_prefix, token_logprobs
+from agentenv.trainer.forward import (
+    enable_gradient_checkpointing,
+    mean_policy_entropy,
+    shared_prefix,
+    token_logprobs,
+)
 from agentenv.trainer.learner import OptimConfig
 from agentenv.trainer.lr_schedule import apply_optim_settings, build_scheduler, log_applied
 from agentenv.trainer.objectives import ObjectiveStats
@@ -347,6 +352,19 @@ class OpenRLHFLearner:
         return [rows.get(tr.id, torch.zeros(0)) for tr in trajectories]
 
     # -- the step ---------------------------------------------------------------------------------
+    def entropy(self, trajectories: Sequence[Trajectory]) -> float:
+        """The mean entropy of pi at the trajectories' policy tokens (nats/token), as :meth:`Learner.entropy`.
+
+        Every rank scores all the rows (the same list on every rank); under ZeRO-3 through the engine's
+        own forward, unchunked.
+        """
+        cfg, zero3 = self.config, self.backend.zero_stage == 3
+        return mean_policy_entropy(self.engine if zero3 else self.engine.module,
+                                   build_batch(trajectories, self.pad_token_id),
+                                   micro_batch_size=cfg.micro_batch_size, sampling=self.sampling,
+                                   share_prefix=cfg.share_prefix and not zero3,
+                                   chunk_tokens=None if zero3 else cfg.logprob_chunk_tokens, device=self.device)
+
     def prepare(
         self, trajectories: Sequence[Trajectory], scores: Sequence[torch.Tensor] | None
     ) -> tuple[PolicyBatch, torch.Tensor | None]:

@@ -82,6 +82,10 @@ class RayLearnerGroup:
         """Current log-probabilities per trajectory (see :meth:`OpenRLHFLearner.score`)."""
         return self._all("score", list(trajectories))
 
+    def entropy(self, trajectories: Sequence[Trajectory]) -> float:
+        """Mean entropy of pi at the trajectories' policy tokens (see :meth:`OpenRLHFLearner.entropy`)."""
+        return self._all("entropy", list(trajectories))
+
     @property
     def version(self) -> int:
         """Policy version (kept here, so reading it never waits for a running update)."""
@@ -164,6 +168,9 @@ class _LearnerActor:
 
     def score(self, trajectories: list[Trajectory]) -> list[torch.Tensor]:
         return self.learner.score(trajectories)
+
+    def entropy(self, trajectories: list[Trajectory]) -> float:
+        return self.learner.entropy(trajectories)
 
     def get_version(self) -> int:
         return self.learner.version

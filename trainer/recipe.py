@@ -312,6 +312,8 @@ async def _train(cfg: TrainConfig, run_dir: Path, parts: LoopParts, *, resume: b
     staleness_log = (run_dir / "staleness.jsonl").open("a")
     decisions_log = (run_dir / "decisions.jsonl").open("a")
     rejected_now: list[Trajectory] = []  # rejected while waiting for the current batch
+    probe: list[Trajectory] = []  # run.entropy_probe rows of the first batch: fixed states for the entropy
+    probe_entropy: float | None = None
 
     def on_decision(sel: BatchSelection) -> None:
         rejected_now.extend(sel.rejected)
@@ -360,12 +362,17 @@ async def _train(cfg: TrainConfig, run_dir: Path, parts: LoopParts, *, resume: b
                     if due is not None:  # under staleness.forced_lag, the snapshot of k versions ago (or none)
                         await engine.update_weights(due.weights, due.version)
                     del weights, due  # the engine has copied them in: this copy must not live through the next step
+                if stats.stepped and cfg.run.entropy_probe:  # the same states after every update
+                    probe = probe or list(selection.batch[: cfg.run.entropy_probe])
+                    probe_entropy = await asyncio.to_thread(learner.entropy, probe)
             batches += 1
 
             # 5. logging: one row per consumed batch (``update`` is the policy version after it)
             row = setup.update_metrics(learner.version, selection, stats, pool, collector, wait_s, update_s, t_start,
                                        consumed_at=consumed_at)
             row["pool/rejected"] = len(rejected_now)
+            if probe_entropy is not None:
+                row["probe/policy_entropy"] = probe_entropy
             row.update(busy.figures())  # busy/engine_s, busy/env_s, busy/learner_s, busy/wall_s: since the loop began
             row["engine/busy_share"] = row["busy/engine_s"] / max(row["busy/wall_s"], 1e-9)
             row["train/batches"] = batches

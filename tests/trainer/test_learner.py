@@ -10,11 +10,12 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from agentenv.engines.sampling import SamplingTransform
 from agentenv.errors import ConfigError, DataError
 from agentenv.trainer.learner import Learner, OptimConfig
 from agentenv.trajectory import Trajectory
 
-from .conftest import make_trajectories, on_policy, tiny_model
+from .conftest import VOCAB, make_trajectories, on_policy, tiny_model
 
 
 def _manual_logprobs(model, tr: Trajectory) -> torch.Tensor:
@@ -217,6 +218,42 @@ def test_policy_entropy_is_the_exact_entropy_over_the_scored_tokens(micro):
     # a batch whose advantages are all 0 runs no forward pass: nothing scored, the entropy is not measured
     flat = learner.update(make_trajectories(3, seed=12, rewards=[1, 1, 1]))
     assert flat.objective.entropy_tokens == 0 and math.isnan(flat.to_metrics()["train/policy_entropy"])
+
+
+@pytest.mark.parametrize("micro", [6, 4])
+def test_entropy_is_the_exact_mean_entropy_at_the_policy_tokens_and_leaves_the_model_alone(micro):
+    model = tiny_model(13)
+    learner = Learner(model, OptimConfig(micro_batch_size=micro, delta=10.0))
+    trajs = make_trajectories(6, seed=13, rewards=[1, 0, 1, 0, 0, 1])
+    expected = torch.cat([_manual_entropies(model, t) for t in trajs])
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    assert learner.entropy(trajs) == pytest.approx(float(expected.mean()), rel=1e-5)
+    assert model.training and all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert learner.version == 0
+
+
+def test_entropy_is_measured_under_the_samplers_transform():
+    # a head of zeros gives equal logits everywhere: the entropy is log V
+    flat = tiny_model(14)
+    with torch.no_grad():
+        flat.lm_head.weight.zero_()
+    trajs = make_trajectories(3, seed=14)
+    assert Learner(flat, OptimConfig(delta=10.0)).entropy(trajs) == pytest.approx(math.log(VOCAB), rel=1e-6)
+    # temperature 0.7 and the top 5 tokens, by hand: softmax(logits / 0.7) over the 5 largest logits and
+    # the sampled token (always in the kept set, as the engine sampled it: here a random one, often not)
+    model = tiny_model(15)
+    hand = []
+    for tr in trajs:
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([tr.token_ids])).logits[0, :-1].double() / 0.7
+        drop = logits < logits.topk(5, dim=-1).values[:, -1:]
+        drop[torch.arange(len(tr.token_ids) - 1), torch.tensor(tr.token_ids[1:])] = False
+        logp = torch.log_softmax(logits.masked_fill(drop, float("-inf")), -1)
+        ent = torch.special.entr(logp.exp()).sum(-1)
+        hand.append(ent[torch.tensor(tr.loss_mask[1:], dtype=torch.bool)])
+    top5 = Learner(model, OptimConfig(delta=10.0), sampling=SamplingTransform(temperature=0.7, top_k=5))
+    expected = float(torch.cat(hand).mean())
+    assert top5.entropy(trajs) == pytest.approx(expected, rel=1e-5) and expected < math.log(6) + 1e-9
 
 
 def test_bad_input_errors_name_the_trajectory():

@@ -77,11 +77,18 @@ def test_the_exact_policy_entropy_is_read_where_the_run_logs_it(tmp_path):
         row["learner/policy_entropy"] = h
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     report = read_run(run)
-    assert report.entropy_key == "policy_entropy"
+    assert report.entropy_key == "learner/policy_entropy"
     assert report.entropy_ratio == pytest.approx(1.25) and not report.collapsed  # 0.25 / 0.20 at update 4
     assert math.isnan(report.entropies[2])
     older = read_run(_run(tmp_path / "s1", 1, [.4, .5, .6, .7], [.2, .02, .2, .2], before, after))
-    assert older.entropy_key == "behaviour_entropy" and older.entropy_ratio == pytest.approx(10.0)
+    assert older.entropy_key == "learner/behaviour_entropy" and older.entropy_ratio == pytest.approx(10.0)
+    for row, h in zip(rows, [.10, .09, .11, .10], strict=True):  # the fixed probe, where logged, comes first
+        row["probe/policy_entropy"] = h
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    probed = read_run(run)
+    assert probed.entropy_key == "probe/policy_entropy"
+    assert probed.entropy_ratio == pytest.approx(0.11 / 0.09)
+    assert probed.entropies == pytest.approx([.10, .09, .11, .10])
 
 
 def test_a_folder_that_is_not_a_finished_run_is_a_clear_error(tmp_path, capsys):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import random
 from dataclasses import dataclass, replace
 
@@ -201,3 +202,32 @@ def test_a_resumed_setting_with_no_budget_left_trains_nothing_and_is_evaluated_a
     # nothing left of the budget: no update, and the run that trained before is evaluated after all
     assert len(scripted.batches) == trained and second["updates"] == first["updates"]
     assert second["budget_spent"] and not second["interrupted"] and evaluated == ["before", "after"]
+
+
+def test_the_entropy_probe_scores_the_same_rows_after_every_update(tmp_path, scripted):
+    probed: list[list[str]] = []  # the trajectory ids of each entropy call
+    record = scripted.parts.build_learner
+
+    def probing(cfg, model):
+        learner = record(cfg, model)
+        entropy = learner.entropy
+
+        def recorded(trajectories):
+            probed.append([t.id for t in trajectories])
+            return entropy(trajectories)
+
+        learner.entropy = recorded
+        return learner
+
+    cfg, _ = recipe.parse_args(["--run-dir", str(tmp_path / "run"), *OVERRIDES, "--updates", "3",
+                                "run.entropy_probe=3", "optim.step_on_zero_gradient=true"])
+    run_dir = recipe.prepare_run_dir(cfg, resume=False, overwrite=False)
+    parts = replace(scripted.with_env(CountdownEnv), build_learner=probing)
+    summary = asyncio.run(asyncio.wait_for(recipe.train(cfg, run_dir, parts=parts), 90))
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert summary["updates"] == 3 and len(probed) == 3
+    # three rows of the first batch, the same ones after every update
+    assert probed[0] == [t.id for t in scripted.batches[0][:3]] and probed == [probed[0]] * 3
+    figures = [r["probe/policy_entropy"] for r in rows]
+    assert all(0 < h < math.log(1024) for h in figures)  # the 1024-token vocabulary bounds it
+    assert len(set(figures)) == 3  # the policy changed between updates, the states did not

@@ -60,9 +60,9 @@ def _batches():
     )
 
 
-def _reference(batches):
+def _reference(batches, learner=None):
     """The single-process learner's weights and grad norms after the same updates."""
-    learner = Learner(tiny_model(0), OPTIM)
+    learner = learner or Learner(tiny_model(0), OPTIM)
     norms, stats = [], []
     for batch in batches:
         st = learner.update(batch)
@@ -84,6 +84,7 @@ def _rank_run(rank: int, batches, zero_stage: int, rows: int, weights_file=None)
         out.append((st.version, st.stepped, st.grad_norm, st.objective.admitted, st.objective.rows, st.loss,
                     st.objective.policy_entropy))
     scores = learner.score(batches[0])
+    entropy = learner.entropy(batches[0])
     if weights_file is not None:
         learner.weights_for_engine(weights_file)
     return {
@@ -91,6 +92,7 @@ def _rank_run(rank: int, batches, zero_stage: int, rows: int, weights_file=None)
         "after": learner.weights_for_engine(),
         "updates": out,
         "scores": scores,
+        "entropy": entropy,
         "gas": learner.gas,
         "world": learner.world_size,
         "engine": type(learner.engine).__name__,
@@ -153,6 +155,10 @@ def test_world_size_2_zero2_gloo_matches_single_process_learner():
         assert torch.equal(results[0]["after"][k], results[1]["after"][k])
     for a, b, tr in zip(results[0]["scores"], results[1]["scores"], batches[0], strict=True):
         assert a.shape == (tr.num_policy_tokens,) and torch.equal(a, b)
+    # the entropy probe: every rank measures all rows, as the single learner does with the same weights
+    single = Learner(tiny_model(0), OPTIM)
+    _reference(batches, single)
+    assert results[0]["entropy"] == results[1]["entropy"] == pytest.approx(single.entropy(batches[0]), rel=1e-5)
 
 
 PREFIX_OPTIM = OptimConfig(lr=1e-2, adam_eps=10.0, weight_decay=0.0, grad_clip=1.0, micro_batch_size=4, delta=10.0,

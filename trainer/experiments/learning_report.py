@@ -18,10 +18,13 @@ per-update logs:
   ``ceil(n / 4)``);
 * **entropy bounded**: from update 3 on, the policy's entropy on the batch never exceeds 3 x its
   running minimum (the minimum over updates 1..u); the largest such ratio is reported. The entropy
-  read is ``learner/policy_entropy`` (the exact entropy of pi_theta at the batch's policy tokens,
-  from the update's forward pass) where the run logs it, else ``learner/behaviour_entropy`` (the
-  mean ``-log mu`` of the sampled tokens, a one-sample estimate of the same quantity whose noise
-  per batch is larger); :attr:`RunReport.entropy_key` says which.
+  read is the first of :data:`ENTROPY_KEYS` the run logs: ``probe/policy_entropy`` (the exact
+  entropy of pi_theta on a fixed probe of rows, the same states after every update,
+  ``run.entropy_probe``), ``learner/policy_entropy`` (the exact entropy at the batch's policy
+  tokens, from the update's forward pass: it moves with the batch's success, since successful
+  replies are confident), ``learner/behaviour_entropy`` (the mean ``-log mu`` of the sampled
+  tokens, a one-sample estimate of the latter whose noise per batch is larger);
+  :attr:`RunReport.entropy_key` says which.
 
 Across runs: mean, sample standard deviation, min and max of "after", and a 95% interval of the
 mean change that resamples seeds, then tasks (:func:`agentenv.trainer.experiments.significance.seed_task_bootstrap`).
@@ -47,6 +50,9 @@ __all__ = ["RunReport", "aggregate", "entropy_ratio", "main", "read_run", "rewar
 #: Largest allowed ratio of the behaviour entropy to its running minimum (from update 3 on).
 ENTROPY_RATIO_LIMIT = 3.0
 
+
+#: The entropy figures the collapse check reads, the first one a run logs (see the module docstring).
+ENTROPY_KEYS = ("probe/policy_entropy", "learner/policy_entropy", "learner/behaviour_entropy")
 
 @dataclass(frozen=True)
 class RunReport:
@@ -119,8 +125,8 @@ def read_run(run: Path | str) -> RunReport:
     after = json.loads(paths["after"].read_text())
     interval = paired_bootstrap(before["outcomes"], after["outcomes"])
     rewards = [float(r["reward/mean"]) for r in rows]
-    key = "learner/policy_entropy" if any(r.get("learner/policy_entropy") is not None for r in rows) \
-        else "learner/behaviour_entropy"
+    # the fixed probe where the run logs it, else the batch's exact entropy, else the one-sample -log mu
+    key = next((k for k in ENTROPY_KEYS if any(r.get(k) is not None for r in rows)), ENTROPY_KEYS[-1])
     entropies = [math.nan if r.get(key) is None else float(r[key]) for r in rows]  # NaN is written as null
     summary = json.loads((run / "summary.json").read_text()) if (run / "summary.json").is_file() else {}
     seed = None
@@ -132,7 +138,7 @@ def read_run(run: Path | str) -> RunReport:
     return RunReport(
         run=run.name, seed=seed, updates=len(rows), before=interval.before, after=interval.after,
         delta=interval.delta, low=interval.low, high=interval.high, rewards=rewards, entropies=entropies,
-        entropy_key=key.split("/", 1)[1],
+        entropy_key=key,
         reward_holds=reward_holds(rewards) if len(rewards) >= 4 else False, entropy_ratio=entropy_ratio(entropies),
         before_outcomes=list(before["outcomes"]), after_outcomes=list(after["outcomes"]),
         peak_rss_gb=summary.get("peak_rss_gb"),
