@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import copy
+import dataclasses
 import json
 import logging
 import random
@@ -105,7 +106,8 @@ def parse_args(argv: list[str]) -> tuple[TrainConfig, argparse.Namespace]:
     ap = argparse.ArgumentParser(
         prog="agentenv train", description=__doc__.split("\n\n")[0],
         epilog="Any config value can be set with --section.field VALUE or section.field=VALUE "
-               "(e.g. --optim.lr 1e-5 run.batch_size=16); --print-config shows them all.")
+               "(e.g. --optim.lr 1e-5 run.batch_size=16); --print-config shows them all, --help-config says "
+               "what each means.")
     ap.add_argument("--recipe", help="recipe name in recipes/ or a YAML path (default: <env>_cpu)")
     ap.add_argument("--env", help="environment id (env.id)")
     ap.add_argument("--model", help="local model folder or mapped name (model.name); default: embedded SmolLM2-135M")
@@ -116,6 +118,9 @@ def parse_args(argv: list[str]) -> tuple[TrainConfig, argparse.Namespace]:
     ap.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its latest checkpoint")
     ap.add_argument("--overwrite", action="store_true", help="delete an existing run folder first")
     ap.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    ap.add_argument("--help-config", nargs="?", metavar="SECTION", action=_ConfigHelp,
+                    help="list every config value (or a section's: optim, run, ...) with its type, default "
+                         "and meaning, and exit")
     args, rest = ap.parse_known_args(argv)
     overrides = _dotted_overrides(rest)
     data = recipe_data(args.recipe, args.env)  # the generic recipe names its run folder after the env
@@ -129,6 +134,23 @@ def parse_args(argv: list[str]) -> tuple[TrainConfig, argparse.Namespace]:
     cfg = load_config(TrainConfig, apply_overrides(data, overrides))
     args.overrides = overrides  # re-applied to the saved config by --resume
     return cfg, args
+
+
+class _ConfigHelp(argparse.Action):
+    """``--help-config [SECTION]``: the documented config values (:mod:`agentenv.config_help`), then exit."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        from agentenv.config_help import format_config_help
+
+        try:
+            text = format_config_help(TrainConfig, values)
+        except KeyError:
+            parser.error(f"--help-config: no config section or value {values!r} (sections: "
+                         f"{', '.join(f.name for f in dataclasses.fields(TrainConfig))})")
+        print(f"{text}\n\nDefaults of the config classes; a recipe sets its own (--print-config shows them). "
+              "Set any value with --section.field VALUE or section.field=VALUE.")
+        parser.exit()
 
 
 def _dotted_overrides(rest: list[str]) -> list[str]:
