@@ -126,7 +126,9 @@ class RunConfig:
     """Rows of the first batch this process consumes kept as a fixed probe: after every update the
     learner measures the mean entropy of pi at their policy tokens (``probe/policy_entropy``, nats per
     token), the same states every time, so the figure moves with the policy and not with the batch's
-    success; 0: off (one no-grad forward pass of these rows per update)."""
+    success. It measures drift on those states; a run-away into new ones (long replies without a tool
+    call) shows in the batch's entropy, tool calls and truncation instead (docs/stability.md). 0: off
+    (one no-grad forward pass of these rows per update)."""
     seed: int = 0
     """Seeds torch, the task stream and the sampler."""
     max_task_retries: int = 2
