@@ -85,34 +85,40 @@ def recording(build_learner, calls: list[dict]):
     return build
 
 
-def train_then_resume(run_dir: str, overrides: list[str]) -> dict:
-    """``train()`` to version 1, then ``train(resume=True)`` to 2; the recorded updates and both summaries."""
+def train_then_resume(run_dir: str, overrides: list[str], parts=None) -> dict:
+    """``train()`` to version 1, then ``train(resume=True)`` to 2; the recorded updates and both summaries.
+
+    ``parts``: the loop's parts (default: the config's), with the learner recording its updates and
+    :class:`SeedParityEnv` as the environment.
+    """
     import asyncio
+    from dataclasses import replace
     from pathlib import Path
 
-    from agentenv.trainer import setup
     from agentenv.trainer.recipe import parse_args, prepare_run_dir, train
+    from agentenv.trainer.setup import LoopParts
 
     calls: list[dict] = []
-    setup.build_learner = recording(setup.build_learner, calls)
-    setup.env_factory = lambda cfg, *_: SeedParityEnv
+    parts = parts or LoopParts()
+    parts = replace(parts, build_learner=recording(parts.build_learner, calls),
+                    env_factory=lambda cfg, *_: SeedParityEnv)
     cfg, _ = parse_args(["--run-dir", run_dir, "--updates", "1", *overrides])
-    first = asyncio.run(train(cfg, prepare_run_dir(cfg, resume=False, overwrite=False)))
+    first = asyncio.run(train(cfg, prepare_run_dir(cfg, resume=False, overwrite=False), parts=parts))
     n_first = len(calls)
     cfg2, _ = parse_args(["--run-dir", run_dir, "--updates", "2", *overrides])
-    second = asyncio.run(train(cfg2, Path(run_dir), resume=True))
+    second = asyncio.run(train(cfg2, Path(run_dir), resume=True, parts=parts))
     return {"calls": calls, "n_first": n_first, "summaries": (first, second)}
 
 
 def _train_and_resume(rank: int, run_dir: str):
     """In a fresh process: the tiny model served by a real TransformersEngine, then train_then_resume."""
     from agentenv.engines.transformers_engine import TransformersEngine
-    from agentenv.trainer import setup
+    from agentenv.trainer.setup import LoopParts
 
-    setup.load_policy = lambda cfg, **_: (tiny_lm(), None, CharRenderer())
-    setup.build_engine = lambda cfg, model, tok: TransformersEngine(model, None, max_batch_size=4,
-                                                                    seed=cfg.run.seed)
-    return train_then_resume(run_dir, OVERRIDES)
+    parts = LoopParts(load_policy=lambda cfg, **_: (tiny_lm(), None, CharRenderer()),
+                      build_engine=lambda cfg, model, tok: TransformersEngine(model, None, max_batch_size=4,
+                                                                              seed=cfg.run.seed))
+    return train_then_resume(run_dir, OVERRIDES, parts)
 
 
 def check_against_single_learner(res: dict, run, learner_type: str, initial_model) -> None:

@@ -20,18 +20,15 @@ from .test_recipe_openrlhf import OVERRIDES, check_against_single_learner, train
 pytestmark = [pytest.mark.openrlhf, pytest.mark.slow]
 
 
-def test_train_with_two_ray_learner_actors_then_resume_matches_the_single_learner(tmp_path, monkeypatch):
+def test_train_with_two_ray_learner_actors_then_resume_matches_the_single_learner(tmp_path):
     import ray
 
     from agentenv.models import load_model_and_tokenizer, tiny_random_model
-    from agentenv.trainer import setup
 
     folder = tmp_path / "tiny"
     _, tokenizer = load_model_and_tokenizer(None)
     tiny_random_model(hidden_size=32, max_position_embeddings=256).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
-    for name in ("build_learner", "env_factory"):  # train_then_resume replaces them
-        monkeypatch.setattr(setup, name, getattr(setup, name))
     overrides = [o for o in OVERRIDES if not o.startswith("learner.")] + [
         "learner.backend=ray", "learner.world_size=2", "learner.num_gpus_per_actor=0", f"model.name={folder}",
         "rollout.max_total_tokens=32", "rollout.max_new_tokens_per_turn=6",
