@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agentenv.configio import key_values
+from agentenv.engines.build import ENGINES
 from agentenv.errors import AgentEnvError, ConfigError
 from agentenv.evaluation import (
     EpisodeResult,
@@ -57,7 +58,7 @@ def _parser() -> argparse.ArgumentParser:
                    "140 games, the default; valid_unseen, 134)")
     p.add_argument("--model", default=None, help="model folder, e.g. one `agentenv export` wrote (default: the "
                    "embedded SmolLM2-135M)")
-    p.add_argument("--engine", default="transformers", choices=["transformers", "vllm"])
+    p.add_argument("--engine", default="transformers", choices=ENGINES)
     p.add_argument(
         "--gpu-memory-utilization",
         type=float,

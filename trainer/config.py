@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from agentenv.engines.build import ENGINES
 from agentenv.errors import ConfigError
 from agentenv.rollout import RolloutConfig
 from agentenv.staleness import StalenessConfig
@@ -87,7 +88,7 @@ class ModelConfig:
     def __post_init__(self) -> None:
         if self.memory_share is not None and not 0 < self.memory_share <= 1:
             raise ConfigError(f"model.memory_share must be in (0, 1], got {self.memory_share}")
-        if self.engine not in ("transformers", "vllm"):
+        if self.engine not in ENGINES:
             raise ConfigError(f"model.engine must be 'transformers' or 'vllm', got {self.engine!r}")
         if self.continuation not in ("keep", "recompute"):
             raise ConfigError(f"model.continuation must be 'keep' or 'recompute', got {self.continuation!r}")

@@ -14,8 +14,8 @@ import inspect
 import torch
 
 from agentenv.engines.sampling import SamplingTransform, label_logprobs
-from agentenv.errors import ConfigError
-from agentenv.trainer.batching import PolicyBatch
+from agentenv.errors import ConfigError, DataError
+from agentenv.trainer.batching import PolicyBatch, split_micro_batches
 from agentenv.trainer.logprob_chunks import DEFAULT_CHUNK_TOKENS, chunked_label_logprobs, split_head
 from agentenv.trainer.shared_prefix import SharedPrefix
 
@@ -155,9 +155,6 @@ def mean_policy_entropy(
     Raises:
         DataError: ``batch`` holds no policy token.
     """
-    from agentenv.errors import DataError
-    from agentenv.trainer.batching import split_micro_batches
-
     total, count = 0.0, 0
     was_training = model.training
     model.eval()

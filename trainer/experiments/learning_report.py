@@ -6,8 +6,8 @@ Reads finished ``agentenv train`` run folders (``metrics.jsonl``, ``eval_before.
     python -m agentenv.trainer.experiments.learning_report RUN [RUN ...] [--out DIR]
 
 prints a Markdown table (one row per run, then mean, sd, min and max over runs) and, with
-``--out``, writes ``report.json`` and ``curves.png`` (batch reward and behaviour entropy per
-update, every run overlaid) there.
+``--out``, writes ``report.json`` and ``curves.png`` (batch reward and entropy per update, every
+run overlaid) there.
 
 Per run: held-out success before and after, the paired 95% interval of the change (bootstrap over
 tasks, :func:`agentenv.trainer.experiments.significance.paired_bootstrap`), and two collapse checks on the
@@ -47,12 +47,12 @@ from agentenv.trainer.experiments.significance import paired_bootstrap, seed_tas
 
 __all__ = ["RunReport", "aggregate", "entropy_ratio", "main", "read_run", "reward_holds"]
 
-#: Largest allowed ratio of the behaviour entropy to its running minimum (from update 3 on).
+#: Largest allowed ratio of the entropy to its running minimum (from update 3 on).
 ENTROPY_RATIO_LIMIT = 3.0
-
 
 #: The entropy figures the collapse check reads, the first one a run logs (see the module docstring).
 ENTROPY_KEYS = ("probe/policy_entropy", "learner/policy_entropy", "learner/behaviour_entropy")
+
 
 @dataclass(frozen=True)
 class RunReport:
