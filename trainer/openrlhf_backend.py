@@ -457,16 +457,15 @@ class OpenRLHFLearner:
         cfg = self.config
         mine = shard(batch, self.rank, self.world_size)
         offset = shard_offset(batch.num_rows, self.rank, self.world_size)
+        self.engine.train()
         prefix = None
         if cfg.share_prefix and self.backend.zero_stage != 3:
-            self.engine.train()
             prefix = shared_prefix(self.engine.module, batch.to(self.device), leaves=True)
         n = prefix.length if prefix is not None else 0
         groups = [] if mine is None else micro_batch_rows(mine, cfg.micro_batch_size, cfg.max_tokens_per_micro_batch, n)
         passes = self._largest_over_ranks(len(groups))
         total = passes + (prefix is not None)
         stats, norm = ObjectiveStats(), 0.0
-        self.engine.train()
         for step in range(total):
             self.engine.set_gradient_accumulation_boundary(step == total - 1)
             if step < len(groups):
