@@ -26,6 +26,18 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "alfworld-oracle": ("agentenv.envs.alfworld.oracle:oracle_main", "replay ALFWorld walkthroughs (sanity check)"),
 }
 
+#: top-level module -> the install extra that provides it (pyproject.toml), for the message of a command
+#: run in an environment that lacks it (``pip install agentenv`` holds the environment API only).
+EXTRA_OF: dict[str, str] = {
+    **dict.fromkeys(("torch", "transformers", "safetensors", "accelerate", "tqdm", "tensorboard", "matplotlib",
+                     "tyro"), "train"),
+    **dict.fromkeys(("math_verify", "pyarrow", "reasoning_gym", "docker"), "python-tool"),
+    "httpx": "remote",
+    **dict.fromkeys(("starlette", "uvicorn"), "serve"),
+    "vllm": "vllm",
+    "alfworld": "alfworld",
+}
+
 
 def version() -> str:
     """The installed distribution's version (``agentenv.__version__`` when it runs from a bare checkout)."""
@@ -62,8 +74,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     return_freed_memory_to_os()  # before any tensor exists: keeps long training runs from growing
     module_name, _, func_name = COMMANDS[name][0].partition(":")
-    func = getattr(importlib.import_module(module_name), func_name)
-    return int(func(rest) or 0)
+    try:
+        func = getattr(importlib.import_module(module_name), func_name)
+        return int(func(rest) or 0)
+    except ModuleNotFoundError as e:
+        extra = EXTRA_OF.get((e.name or "").partition(".")[0])
+        if extra is None:
+            raise
+        print(f"agentenv {name}: the package {e.name!r} is not installed; it comes with the {extra!r} extra: "
+              f"pip install \"agentenv[{extra}]\"", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":
