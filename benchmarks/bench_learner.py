@@ -35,7 +35,8 @@ import torch
 import torch.nn.functional as F
 
 from agentenv.trainer.batching import build_batch, split_micro_batches
-from agentenv.trainer.learner import Learner, OptimConfig
+from agentenv.trainer.learner import Learner
+from agentenv.trainer.learner_config import LearnerConfig, ObjectiveConfig, OptimConfig
 from agentenv.trajectory import Trajectory
 
 
@@ -165,7 +166,8 @@ def main() -> None:
         label = "SmolLM2-135M-Instruct (float32)"
     model.train()
     vocab = model.config.vocab_size
-    learner = Learner(model, OptimConfig(micro_batch_size=args.micro, delta=1e-3))
+    learner = Learner(model, OptimConfig(), objective=ObjectiveConfig(delta=1e-3),
+                      execution=LearnerConfig(micro_batch_size=args.micro))
     trajs = on_policy(learner, make_batch(args.rows, args.seq_len, vocab))
 
     def sync() -> None:

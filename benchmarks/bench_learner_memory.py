@@ -99,18 +99,19 @@ def run_one(spec: dict) -> dict:
 
     from agentenv.malloc import release_free_heap, return_freed_memory_to_os
     from agentenv.trainer import forward as forward_module
-    from agentenv.trainer.learner import Learner, OptimConfig
+    from agentenv.trainer.learner import Learner
+    from agentenv.trainer.learner_config import LearnerConfig, ObjectiveConfig, OptimConfig
 
     return_freed_memory_to_os(256 << 10, 1)  # freed blocks leave at once: resident memory tracks live tensors
     torch.set_num_threads(2)
     model = _model(spec["shape"])
     if spec["setting"] == "one_pass":
         forward_module.split_head = lambda model: None  # the model's own forward: logits kept for backward
-        cfg = OptimConfig(micro_batch_size=spec["micro_batch_size"], lr=1e-6, delta=10.0)
+        execution = LearnerConfig(micro_batch_size=spec["micro_batch_size"])
     else:
-        cfg = OptimConfig(micro_batch_size=1024, max_tokens_per_micro_batch=spec["budget"], lr=1e-6, delta=10.0,
-                          logprob_chunk_tokens=spec["chunk"])
-    learner = Learner(model, cfg)
+        execution = LearnerConfig(micro_batch_size=1024, max_tokens_per_micro_batch=spec["budget"],
+                                  logprob_chunk_tokens=spec["chunk"])
+    learner = Learner(model, OptimConfig(lr=1e-6), objective=ObjectiveConfig(delta=10.0), execution=execution)
     learner.update(_rows(spec, 1))  # AdamW's state
     rows = _rows(spec, 2)
     vocab = spec["shape"]["vocab"]

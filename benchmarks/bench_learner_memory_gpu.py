@@ -11,7 +11,7 @@ recomputed chunk by chunk).
 
 Settings, each in its own process:
 
-* ``chunked``: the learner as it runs: log-probabilities ``optim.logprob_chunk_tokens`` (1024) tokens at a
+* ``chunked``: the learner as it runs: log-probabilities ``learner.logprob_chunk_tokens`` (1024) tokens at a
   time, logits recomputed in the backward pass (:mod:`agentenv.trainer.logprob_chunks`);
 * ``full``: the model's own forward (the chunked path switched off): a T x V logits tensor and its
   float32 log-softmax live through the backward pass.
@@ -55,7 +55,8 @@ def run_one(setting: str, shape: dict, tokens: int, device: str) -> dict:
     import transformers
 
     from agentenv.trainer import forward as forward_module
-    from agentenv.trainer.learner import Learner, OptimConfig
+    from agentenv.trainer.learner import Learner
+    from agentenv.trainer.learner_config import LearnerConfig, ObjectiveConfig, OptimConfig
 
     cuda = device == "cuda"
     cfg = transformers.Qwen2Config(
@@ -73,8 +74,8 @@ def run_one(setting: str, shape: dict, tokens: int, device: str) -> dict:
     init_s = time.perf_counter() - t0
     if setting == "full":
         forward_module.split_head = lambda model: None  # the model's own forward: logits kept for backward
-    optim = OptimConfig(lr=1e-6, delta=10.0, micro_batch_size=1, gradient_checkpointing=True, weight_decay=0.0)
-    learner = Learner(model, optim)
+    learner = Learner(model, OptimConfig(lr=1e-6, weight_decay=0.0), objective=ObjectiveConfig(delta=10.0),
+                      execution=LearnerConfig(micro_batch_size=1, gradient_checkpointing=True))
     learner.update(_rows(tokens, shape["vocab"], 1))  # AdamW's state
     rows = _rows(tokens, shape["vocab"], 2)
     largest = [0]

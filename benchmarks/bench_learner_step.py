@@ -2,12 +2,12 @@
 
 The CPU default's learner step (SmolLM2-135M-Instruct, float32, 16 rows shaped like the python_tool
 recipe's: a 250-token shared system prompt, then 30 prompt, 90 policy, 30 observation and 60 policy
-tokens, lengths varied by up to 25%) under each ``optim.max_tokens_per_micro_batch`` setting, every
+tokens, lengths varied by up to 25%) under each ``learner.max_tokens_per_micro_batch`` setting, every
 setting in its own process so that its peak resident set (``VmHWM``, GB; the model, AdamW's state and
 the step together) is its own. Per setting: one warm-up update (AdamW's state is created), then
 ``--updates`` timed updates; reported are the median update seconds and their ratio to ``none`` (one
 padded pass of all 16 rows, the prefix served inside it) measured in the same run. The chunked
-log-probabilities (``optim.logprob_chunk_tokens`` 1024) are on in every setting.
+log-probabilities (``learner.logprob_chunk_tokens`` 1024) are on in every setting.
 
 Usage (about 5 minutes on the idle 2-core CPU)::
 
@@ -33,14 +33,15 @@ def run_one(budget: int | None, updates: int) -> dict:
 
     from agentenv.malloc import return_freed_memory_to_os
     from agentenv.models import load_model_and_tokenizer
-    from agentenv.trainer.learner import Learner, OptimConfig
+    from agentenv.trainer.learner import Learner
+    from agentenv.trainer.learner_config import LearnerConfig, ObjectiveConfig, OptimConfig
 
     return_freed_memory_to_os()  # as agentenv train does
     torch.set_num_threads(2)
     torch.manual_seed(0)
     model, _ = load_model_and_tokenizer(None)
-    cfg = OptimConfig(micro_batch_size=16, max_tokens_per_micro_batch=budget, lr=3e-5, delta=10.0)
-    learner = Learner(model, cfg)
+    learner = Learner(model, OptimConfig(lr=3e-5), objective=ObjectiveConfig(delta=10.0),
+                      execution=LearnerConfig(micro_batch_size=16, max_tokens_per_micro_batch=budget))
     rows = _rows({"rows": 16, "prefix": 250}, 1)
     learner.update(rows)  # warm-up: AdamW's moments are created
     seconds = []

@@ -88,8 +88,8 @@ def overrides(args: argparse.Namespace, mode: str, updates: int) -> list[str]:
     return ["warmup.steps=0", "eval.problems=0", f"run.batch_size={b}", f"run.concurrency={b}",
             f"run.max_pool_size={2 * b}", "run.checkpoint_every=100000", f"run.updates={updates}",
             f"rollout.max_turns={args.turns}", f"rollout.max_new_tokens_per_turn={args.new_tokens}",
-            "rollout.max_total_tokens=200", f"optim.micro_batch_size={b}", "optim.delta=5.0",
-            "optim.step_on_zero_gradient=true", "optim.gradient_checkpointing=false", f"model.max_batch_size={b}",
+            "rollout.max_total_tokens=200", f"learner.micro_batch_size={b}", "objective.delta=5.0",
+            "optim.step_on_zero_gradient=true", "learner.gradient_checkpointing=false", f"model.max_batch_size={b}",
             "run.seed=0", f"run.mode={mode}", f"staleness.policy={'sync' if mode == 'sync' else 'pace'}",
             "staleness.drift_mode=token_share"]
 

@@ -189,13 +189,14 @@ def on_policy(trajs, scores):
 def bench_learner(args, model, device, clock, results) -> None:
     from agentenv.trainer.batching import build_batch, split_micro_batches
     from agentenv.trainer.forward import token_logprobs
-    from agentenv.trainer.learner import Learner, OptimConfig
+    from agentenv.trainer.learner import Learner
+    from agentenv.trainer.learner_config import LearnerConfig, ObjectiveConfig, OptimConfig
     from agentenv.trainer.objectives import batch_mean_advantages, flash_reinforce_loss
 
     vocab = model.config.vocab_size
     trajs = make_trajectories(args.rows, args.seq, vocab, prompt=max(8, args.seq // 8))
-    cfg = OptimConfig(lr=1e-6, micro_batch_size=args.micro, delta=1e-3)
-    learner = Learner(model, cfg)
+    learner = Learner(model, OptimConfig(lr=1e-6), objective=ObjectiveConfig(delta=1e-3),
+                      execution=LearnerConfig(micro_batch_size=args.micro))
     results["score"] = clock.measure(lambda: learner.score(trajs), args.repeats)
     trajs = on_policy(trajs, learner.score(trajs))  # rho = 1, D = 0: every row admitted
     batch = build_batch(trajs)
@@ -228,7 +229,7 @@ def bench_learner(args, model, device, clock, results) -> None:
                 mb.advantages,
                 mb.lengths,
                 batch.global_batch_size,
-                delta=cfg.delta,
+                delta=learner.objective.delta,
             )
             out.loss.backward()
 
@@ -269,7 +270,7 @@ def bench_learner(args, model, device, clock, results) -> None:
             b.advantages,
             b.lengths,
             batch.global_batch_size,
-            delta=cfg.delta,
+            delta=learner.objective.delta,
         )
         out.loss.backward()
 
@@ -316,21 +317,21 @@ def bench_deepspeed(args, cfg: dict, device: torch.device, dtype: torch.dtype, c
     try:
         import deepspeed  # noqa: F401
 
-        from agentenv.trainer.learner import OptimConfig
+        from agentenv.trainer.learner_config import LearnerConfig, ObjectiveConfig, OptimConfig
         from agentenv.trainer.openrlhf_backend import OpenRLHFBackendConfig, OpenRLHFLearner
     except Exception as e:  # noqa: BLE001
         results["deepspeed_update"] = {"skipped": f"deepspeed/openrlhf not importable: {e}"}
         return
     try:
         model = build_model(cfg, device, torch.float32 if dtype == torch.float32 else torch.float32)
-        optim = OptimConfig(lr=1e-6, micro_batch_size=args.micro, delta=1e-3)
         backend = OpenRLHFBackendConfig(
             rows_per_update=args.rows,
             zero_stage=2,
             param_dtype="fp32" if device.type == "cpu" else "bf16",
             torch_adam=True,
         )
-        learner = OpenRLHFLearner(model, optim, backend)
+        learner = OpenRLHFLearner(model, OptimConfig(lr=1e-6), backend, objective=ObjectiveConfig(delta=1e-3),
+                                  execution=LearnerConfig(micro_batch_size=args.micro))
         trajs = make_trajectories(
             args.rows, args.seq, cfg["vocab_size"], prompt=max(8, args.seq // 8), seed=1
         )

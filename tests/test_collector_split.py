@@ -84,9 +84,9 @@ def test_split_with_groups_is_a_config_error():
     with pytest.raises(ConfigError, match="one row per rollout"):
         RolloutCollector(TurnsEnv, None, None, split_cfg(), None, on_group=print, group_size=2)
     with pytest.raises(ConfigError, match="rollout.on_prefix_violation=split"):
-        recipe.parse_args(["--recipe", "generic_cpu", "optim.objective=grpo", "optim.grpo_group_size=2",
+        recipe.parse_args(["--recipe", "generic_cpu", "objective.name=grpo", "objective.grpo_group_size=2",
                            "rollout.on_prefix_violation=split"])
-    recipe.parse_args(["--recipe", "generic_cpu", "optim.objective=grpo", "optim.grpo_group_size=2"])
+    recipe.parse_args(["--recipe", "generic_cpu", "objective.name=grpo", "objective.grpo_group_size=2"])
 
 
 @pytest.fixture
@@ -103,7 +103,7 @@ def test_training_with_split_consumes_every_sample(split_env, tmp_path, monkeypa
     run = tmp_path / "run"
     argv = ["--env", split_env, "--run-dir", str(run), "--mode", mode, "run.updates=2", "run.batch_size=4",
             "run.concurrency=2", "run.max_pool_size=8", "rollout.max_turns=3", "rollout.max_new_tokens_per_turn=3",
-            "rollout.max_total_tokens=200", "rollout.on_prefix_violation=split", "optim.micro_batch_size=4",
+            "rollout.max_total_tokens=200", "rollout.on_prefix_violation=split", "learner.micro_batch_size=4",
             "model.max_batch_size=4", "optim.step_on_zero_gradient=true"]
     if mode == "sync":
         argv.append("staleness.policy=sync")

@@ -44,10 +44,10 @@ class PolicyBatch:
             from a scoring pass before the training forward (zeros until then; see
             :func:`agentenv.trainer.update_step.prepare_batch`).
         gate_mask: ``(b, t)`` bool, the gate's token decision ``m_it`` when it was decided from a
-            scoring pass (``optim.gate``: sequence, the admitted rows' policy tokens; token, each
+            scoring pass (``objective.gate``: sequence, the admitted rows' policy tokens; token, each
             token's own; none, ``loss_mask``); a copy of ``loss_mask`` until then.
         failed: ``(b,)`` bool, the rows FlashREINFORCE's entropy filter treats as failed: advantage
-            below 0 *before* any clipping (``optim.advantage_clip_negative``), filled by the learner
+            below 0 *before* any clipping (``objective.advantage_clip_negative``), filled by the learner
             with the advantages (all False until then).
         ids: The trajectories' ids, row order.
         global_batch_size: B, rows in the whole fresh batch (kept by every split).

@@ -14,7 +14,7 @@ from agentenv.errors import ConfigError
 from agentenv.rollout import RolloutConfig
 from agentenv.staleness import StalenessConfig
 from agentenv.step_latency import StepLatencyConfig
-from agentenv.trainer.learner import OptimConfig
+from agentenv.trainer.learner_config import LearnerConfig, ObjectiveConfig, OptimConfig
 from agentenv.trainer.lr_schedule import warmup_length
 from agentenv.trainer.warmup import WarmupConfig
 
@@ -136,7 +136,7 @@ class RunConfig:
     """An episode that failed for reasons outside the policy (engine, environment or template error,
     no policy token) never enters a batch; its task is replayed up to this many times, then dropped
     (counted as ``episodes/dropped_tasks``). GRPO: per group member; a dropped task drops its group.
-    Rollouts per task are not a field here: ``optim.grpo_group_size`` under ``optim.objective: grpo``,
+    Rollouts per task are not a field here: ``objective.grpo_group_size`` under ``objective.name: grpo``,
     else 1 (FlashREINFORCE: one rollout per prompt)."""
 
     def __post_init__(self) -> None:
@@ -182,51 +182,6 @@ class EvalConfig:
 
 
 @dataclass(frozen=True)
-class LearnerConfig:
-    """Where the learner runs: this process, one DeepSpeed process, or a group of Ray actors (GPUs).
-
-    The optimizer and objective settings are ``optim``; these say only how the update is executed.
-    Every backend takes exactly one optimizer step per fresh batch of ``run.batch_size`` trajectories,
-    with the global denominators of FlashREINFORCE, so the choice changes speed, not the maths.
-    """
-
-    backend: str = "single"
-    """``"single"``: :class:`agentenv.trainer.learner.Learner` in this process (CPU or one GPU).
-    ``"openrlhf"``: OpenRLHF's DeepSpeed strategy in this process (world size 1; gloo on a CPU, NCCL
-    on a GPU). ``"ray"``: ``world_size`` Ray actors, each an OpenRLHF/DeepSpeed rank (data parallel;
-    one or more GPUs each, on one node or a Ray cluster)."""
-    world_size: int = 1
-    """Data-parallel learner ranks (processes); > 1 needs ``backend: ray``."""
-    num_gpus_per_actor: float = 1.0
-    """``ray``: GPUs reserved per actor; 0 runs the actors on CPUs with gloo (tests)."""
-    zero_stage: int = 2
-    """``openrlhf``/``ray``: DeepSpeed ZeRO stage 0-3 (3 partitions the weights too; gathered for the engine)."""
-    param_dtype: str = "fp32"
-    """``openrlhf``/``ray``: training dtype, ``"fp32"``, ``"bf16"`` (GPUs) or ``"fp16"``."""
-    ray_address: str | None = None
-    """``ray``: None starts a private Ray on this machine; ``"auto"`` joins the cluster that
-    ``ray start`` set up (multi-node; checkpoints then need a folder every node can see)."""
-
-    def __post_init__(self) -> None:
-        if self.backend not in ("single", "openrlhf", "ray"):
-            raise ConfigError(f"learner.backend must be 'single', 'openrlhf' or 'ray', got {self.backend!r}")
-        if self.world_size < 1:
-            raise ConfigError(f"learner.world_size must be >= 1, got {self.world_size}")
-        if self.world_size > 1 and self.backend != "ray":
-            raise ConfigError(f"learner.world_size={self.world_size} needs learner.backend 'ray' "
-                              f"('{self.backend}' runs one learner process)")
-        if not 0 <= self.num_gpus_per_actor < float("inf"):
-            raise ConfigError(f"learner.num_gpus_per_actor must be >= 0, got {self.num_gpus_per_actor}")
-        if self.zero_stage not in (0, 1, 2, 3):
-            raise ConfigError(f"learner.zero_stage must be 0, 1, 2 or 3, got {self.zero_stage}")
-        if self.param_dtype not in ("fp32", "bf16", "fp16"):
-            raise ConfigError(f"learner.param_dtype must be 'fp32', 'bf16' or 'fp16', got {self.param_dtype!r}")
-        if self.backend == "single" and self.param_dtype != "fp32":
-            raise ConfigError("learner.param_dtype applies to the openrlhf and ray backends; the single "
-                              "learner trains in the model's own dtype (leave param_dtype at fp32)")
-
-
-@dataclass(frozen=True)
 class TrainConfig:
     """Everything one training run needs."""
 
@@ -235,6 +190,7 @@ class TrainConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     staleness: StalenessConfig = field(default_factory=StalenessConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
     warmup: WarmupConfig = field(default_factory=WarmupConfig)
     run: RunConfig = field(default_factory=RunConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
@@ -257,18 +213,18 @@ class TrainConfig:
                               "the cosine schedule needs steps after the warm-up")
         if self.staleness.policy == "sync" and self.run.mode != "sync":
             raise ConfigError("staleness.policy 'sync' needs run.mode 'sync'")
-        if self.optim.objective == "grpo":  # a group baseline over mixed prompts is meaningless
-            # optim.grpo_group_size is the one source of rollouts per task (OptimConfig refuses n < 2)
-            n = self.optim.grpo_group_size
+        if self.objective.name == "grpo":  # a group baseline over mixed prompts is meaningless
+            # objective.grpo_group_size is the one source of rollouts per task (ObjectiveConfig refuses n < 2)
+            n = self.objective.grpo_group_size
             if self.rollout.on_prefix_violation == "split":
-                raise ConfigError(f"optim.objective=grpo (groups of {n}) with rollout.on_prefix_violation=split: a "
+                raise ConfigError(f"objective.name=grpo (groups of {n}) with rollout.on_prefix_violation=split: a "
                                   "split episode gives several samples, and a group's baseline needs one row per "
                                   "rollout; use rollout.on_prefix_violation=append (or FlashREINFORCE)")
             if self.run.batch_size % n:
-                raise ConfigError(f"optim.objective=grpo: run.batch_size ({self.run.batch_size}) must be a multiple "
-                                  f"of optim.grpo_group_size ({n}); a batch is whole groups of {n} rollouts "
+                raise ConfigError(f"objective.name=grpo: run.batch_size ({self.run.batch_size}) must be a multiple "
+                                  f"of objective.grpo_group_size ({n}); a batch is whole groups of {n} rollouts "
                                   "of one task")
-        per_step = self.optim.micro_batch_size * self.learner.world_size
+        per_step = self.learner.micro_batch_size * self.learner.world_size
         if self.learner.backend != "single" and self.run.batch_size % per_step:
-            raise ConfigError(f"run.batch_size ({self.run.batch_size}) must be a multiple of optim.micro_batch_size "
+            raise ConfigError(f"run.batch_size ({self.run.batch_size}) must be a multiple of learner.micro_batch_size "
                               f"* learner.world_size = {per_step} for the {self.learner.backend} learner")

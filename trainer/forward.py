@@ -230,7 +230,7 @@ def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
     elif hasattr(inner, "gradient_checkpointing_enable"):
         inner.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     else:
-        raise ConfigError(f"optim.gradient_checkpointing needs a transformers model, not {type(inner).__name__}")
+        raise ConfigError(f"learner.gradient_checkpointing needs a transformers model, not {type(inner).__name__}")
     if getattr(inner, "config", None) is not None:
         inner.config.use_cache = False  # a KV cache is useless in a training forward pass
 

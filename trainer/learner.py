@@ -1,6 +1,7 @@
 """A single-process learner (CPU or one GPU, optionally data-parallel over torch.distributed).
 
-``Learner(model, config)`` owns the model, the AdamW optimizer and a warmup scheduler; it scores
+``Learner(model, optim, objective=..., execution=...)`` owns the model, the AdamW optimizer and its
+learning-rate schedule (:mod:`agentenv.trainer.learner_config` holds the three settings); it scores
 trajectories for PACE's drift and the gate, and applies exactly one optimizer step per fresh batch
 with :mod:`agentenv.trainer.objectives` (FlashREINFORCE or GRPO), accumulating gradients over
 micro-batches with the *global* denominators B and T_i (or N for GRPO). Under torch.distributed
@@ -9,7 +10,7 @@ gradients are all-reduced with SUM (the denominators are global, so no averaging
 
 Policy version = number of optimizer steps taken. A batch that carries no gradient at all (every
 row rejected by the gate, or every admitted row with advantage exactly 0) is discarded *without* an
-optimizer step by default (``OptimConfig.step_on_zero_gradient = False``): AdamW would otherwise
+optimizer step by default (``optim.step_on_zero_gradient = False``): AdamW would otherwise
 still move the weights (decoupled weight decay and the momentum of earlier batches) with no learning
 signal, and bump the version, which would count as staleness for every trajectory in flight. The
 skip is reported in :class:`UpdateStats` (``stepped = False``) and logged.
@@ -21,14 +22,14 @@ import logging
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 import torch
 
 from agentenv.engines.sampling import SamplingTransform
-from agentenv.errors import ConfigError, DataError
+from agentenv.errors import DataError
 from agentenv.malloc import release_free_heap
 from agentenv.trainer.batching import (
     PolicyBatch,
@@ -44,14 +45,9 @@ from agentenv.trainer.forward import (
     shared_prefix,
     token_logprobs,
 )
-from agentenv.trainer.logprob_chunks import DEFAULT_CHUNK_TOKENS
-from agentenv.trainer.lr_schedule import SCHEDULES, apply_optim_settings, build_scheduler, log_applied
-from agentenv.trainer.objectives import (
-    ObjectiveStats,
-    _check_delta,
-    _check_fraction,
-    check_gate,
-)
+from agentenv.trainer.learner_config import LearnerConfig, ObjectiveConfig, OptimConfig
+from agentenv.trainer.lr_schedule import apply_optim_settings, build_scheduler, log_applied
+from agentenv.trainer.objectives import ObjectiveStats
 from agentenv.trainer.update_step import (
     UpdateStats,
     micro_batch_objective,
@@ -67,168 +63,9 @@ from agentenv.trajectory import Trajectory
 if TYPE_CHECKING:
     from agentenv.trainer.checkpoint import LoadedCheckpoint
 
-__all__ = ["Learner", "OptimConfig"]
+__all__ = ["Learner"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class OptimConfig:
-    """Optimizer and objective settings (paper defaults: docs/algorithms.md, "FlashREINFORCE").
-
-    Attributes:
-        objective: ``"flash_reinforce"`` (the method) or ``"grpo"`` (the comparison baseline).
-        lr: AdamW learning rate (per optimizer step).
-        weight_decay: AdamW decoupled weight decay.
-        betas: AdamW (beta1, beta2).
-        adam_eps: AdamW epsilon.
-        grad_clip: Max global gradient L2 norm; 0 disables clipping.
-        lr_schedule: ``"constant"`` or ``"cosine"`` (decay over the run's ``run.updates`` optimizer
-            steps to ``min_lr_ratio * lr``), after the warm-up (:mod:`agentenv.trainer.lr_schedule`).
-        warmup_steps: Linear learning-rate warm-up over this many optimizer steps (0: none); under
-            ``"cosine"`` fewer than ``run.updates`` (a constant schedule may warm up across a run
-            trained in pieces with ``--resume``).
-        warmup_ratio: The warm-up as a share of the run's optimizer steps, in [0, 1): ``W =
-            floor(warmup_ratio * run.updates)`` (the paper: 0.03), so the same recipe warms up in
-            proportion at any ``--updates`` and a one-update run has no warm-up; 0 uses
-            ``warmup_steps``. Setting both is a config error.
-        min_lr_ratio: The cosine schedule's final lr as a fraction of ``lr``, in [0, 1] (the paper:
-            0.1); unused by ``"constant"``.
-        micro_batch_size: Rows per forward/backward pass (gradient accumulation; does not change the
-            gradient).
-        delta: FlashREINFORCE gate threshold on D_i (nats), admitted iff ``D_i <= delta``.
-        entropy_keep_fraction: FlashREINFORCE negative-token entropy filter ``q`` in [0, 1]; None off.
-        grpo_group_size: GRPO samples per prompt (contiguous rows); must be >= 2.
-        grpo_clip_eps: GRPO/PPO ratio clip epsilon.
-        step_on_zero_gradient: Take the optimizer step (and bump the version) even when the batch
-            carries no gradient (all rows rejected or zero advantage). Default False: skip it.
-        share_prefix: Run the token prefix that every row of the batch shares (the system prompt and
-            tool schemas; a GRPO group's whole prompt) through the model once per step and let every
-            micro-batch attend to that one KV cache (:func:`agentenv.trainer.forward.shared_prefix_length`,
-            :mod:`agentenv.trainer.shared_prefix`); its gradient, summed over the micro-batches, is
-            back-propagated through the prefix once at the end. The log-probabilities and the gradient
-            are those of the plain padded pass; only the compute shrinks, by about
-            ``(B - 1) * prefix / (B * L)``. Used when the batch holds 2 or more rows sharing at least 16
-            tokens, for a transformers model without activation checkpointing (whose layers drop the
-            cache); otherwise the plain pass runs.
-        max_tokens_per_micro_batch: Token budget of one micro-batch's pass (tokens, >= 1), or None
-            (micro-batches of ``micro_batch_size`` consecutive rows). Rows are sorted by length and
-            packed while ``rows * (longest row - shared prefix)`` stays within it (and rows <=
-            ``micro_batch_size``), so activation memory follows this budget, not B or the longest
-            reply; a row longer than the budget runs alone (:func:`agentenv.trainer.batching.micro_batch_rows`).
-        logprob_chunk_tokens: Tokens per vocabulary projection of the log-probabilities (>= 1): no
-            ``(tokens, V)`` float32 logits tensor larger than ``(logprob_chunk_tokens, V)`` is alive
-            (:func:`agentenv.trainer.logprob_chunks.chunked_label_logprobs`, logits recomputed in the
-            backward pass); the values and the gradient do not depend on it.
-        gradient_checkpointing: Recompute each decoder layer's activations in the backward pass
-            instead of keeping them (transformers' activation checkpointing, non-reentrant):
-            activation memory of a row drops from all layers to about one, for one extra forward.
-            The gradient is unchanged.
-        truncation: What a trajectory ended by a token budget (per turn, total or context;
-            :func:`agentenv.rollout.is_token_budget_cut`) does in the loss. ``"keep"`` (default):
-            it keeps its reward like any other row (environments never grade a cut reply unless
-            they ask to, so it usually holds 0 and teaches brevity). ``"mask"``: it gets advantage 0
-            and is left out of the batch-mean baseline (DAPO's overlong filtering, arXiv 2503.14476
-            sec. 3.4); it still counts in B. ``"penalty"``: ``truncation_penalty`` is subtracted from
-            its reward before the advantages (DAPO's overlong punishment at its hard limit).
-        truncation_penalty: Reward units subtracted under ``truncation: penalty`` (>= 0).
-        advantage_clip_negative: Replace each advantage by ``max(A_i, 0)`` after the baseline
-            (FlashREINFORCE's batch mean or GRPO's group normalisation): failed trajectories then carry
-            no gradient, only the better-than-average ones are reinforced. Off by default; the ablation
-            of the FlashREINFORCE paper's signed-feedback claim (``agentenv study signed_feedback``).
-        loss_aggregation: FlashREINFORCE only: ``"sample_mean"`` (the method: each trajectory's tokens
-            averaged over its ``T_i``, then over B) or ``"token_mean"`` (every policy token of the
-            batch weighs ``1/N``; the ablation, ``agentenv study sample_vs_token_mean``). GRPO is
-            always token-mean.
-        gate: FlashREINFORCE only: the trust gate on the Bernoulli-KL proxy
-            (:func:`agentenv.trainer.objectives.trust_gate`). ``"sequence"`` (default, the method):
-            a row is admitted iff ``D_i <= delta``; ``"token"``: each policy token is admitted iff its
-            own term ``d_t <= delta`` (denominator still ``T_i``); ``"none"``: every row admitted.
-            ``learner/mean_d`` is the mean ``D_i`` in every mode; ``learner/admitted_fraction`` the
-            share of rows with an admitted token, ``learner/admitted_token_fraction`` the share of
-            policy tokens admitted (``agentenv study gate_under_lag``).
-    """
-
-    objective: Literal["flash_reinforce", "grpo"] = "flash_reinforce"
-    lr: float = 1e-6
-    weight_decay: float = 0.1
-    betas: tuple[float, float] = (0.9, 0.999)
-    adam_eps: float = 1e-8
-    grad_clip: float = 1.0
-    lr_schedule: Literal["constant", "cosine"] = "constant"
-    warmup_steps: int = 0
-    warmup_ratio: float = 0.0
-    min_lr_ratio: float = 0.1
-    micro_batch_size: int = 4
-    delta: float = 1e-3
-    entropy_keep_fraction: float | None = None
-    grpo_group_size: int = 8
-    grpo_clip_eps: float = 0.2
-    step_on_zero_gradient: bool = False
-    gradient_checkpointing: bool = False
-    share_prefix: bool = True
-    max_tokens_per_micro_batch: int | None = None
-    logprob_chunk_tokens: int = DEFAULT_CHUNK_TOKENS
-    truncation: Literal["keep", "mask", "penalty"] = "keep"
-    truncation_penalty: float = 1.0
-    advantage_clip_negative: bool = False
-    loss_aggregation: Literal["sample_mean", "token_mean"] = "sample_mean"
-    gate: Literal["sequence", "token", "none"] = "sequence"
-
-    def __post_init__(self) -> None:
-        check_gate(self.gate, "optim.gate")
-        if self.loss_aggregation not in ("sample_mean", "token_mean"):
-            raise ConfigError(f"optim.loss_aggregation must be 'sample_mean' or 'token_mean', "
-                              f"got {self.loss_aggregation!r}")
-        if self.truncation not in ("keep", "mask", "penalty"):
-            raise ConfigError(f"optim.truncation must be 'keep', 'mask' or 'penalty', got {self.truncation!r}")
-        if not (math.isfinite(self.truncation_penalty) and self.truncation_penalty >= 0):
-            raise ConfigError(f"optim.truncation_penalty must be a finite number >= 0, got {self.truncation_penalty}")
-        if self.objective not in ("flash_reinforce", "grpo"):
-            raise ConfigError(f"objective must be 'flash_reinforce' or 'grpo', got {self.objective!r}")
-        if not self.lr > 0 or self.weight_decay < 0 or self.grad_clip < 0 or self.warmup_steps < 0:
-            raise ConfigError("lr must be > 0; weight_decay, grad_clip and warmup_steps must be >= 0")
-        if not 0.0 <= self.warmup_ratio < 1.0:
-            raise ConfigError(f"optim.warmup_ratio (the warm-up's share of the run) must lie in [0, 1), "
-                              f"got {self.warmup_ratio}")
-        if self.warmup_ratio > 0 and self.warmup_steps > 0:
-            raise ConfigError(f"optim.warmup_steps ({self.warmup_steps}) and optim.warmup_ratio "
-                              f"({self.warmup_ratio}) both set: give the warm-up one way "
-                              "(optim.warmup_ratio=0 to count it in steps)")
-        if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
-            raise ConfigError(f"optim.betas must be two numbers in [0, 1), got {self.betas}")
-        if not self.adam_eps > 0:
-            raise ConfigError(f"optim.adam_eps must be > 0, got {self.adam_eps}")
-        if self.lr_schedule not in SCHEDULES:
-            raise ConfigError(f"optim.lr_schedule must be one of {', '.join(SCHEDULES)}; got {self.lr_schedule!r}")
-        if not 0.0 <= self.min_lr_ratio <= 1.0:
-            raise ConfigError(f"optim.min_lr_ratio (the cosine schedule's final lr / lr) must lie in [0, 1], "
-                              f"got {self.min_lr_ratio}")
-        if self.micro_batch_size < 1:
-            raise ConfigError(f"micro_batch_size must be >= 1, got {self.micro_batch_size}")
-        if self.max_tokens_per_micro_batch is not None and self.max_tokens_per_micro_batch < 1:
-            raise ConfigError(f"optim.max_tokens_per_micro_batch must be >= 1 token (or null: rows only), "
-                              f"got {self.max_tokens_per_micro_batch}")
-        if self.logprob_chunk_tokens < 1:
-            raise ConfigError(f"optim.logprob_chunk_tokens must be >= 1 token per vocabulary projection, "
-                              f"got {self.logprob_chunk_tokens}")
-        _check_delta(self.delta)
-        if self.entropy_keep_fraction is not None:
-            _check_fraction(self.entropy_keep_fraction)
-        if self.objective == "grpo":
-            if self.gate != "sequence":
-                raise ConfigError(f"optim.gate {self.gate!r} is FlashREINFORCE's trust gate; GRPO has none "
-                                  "(leave optim.gate at 'sequence')")
-            if self.truncation == "mask":
-                raise ConfigError("optim.truncation 'mask' is defined for FlashREINFORCE's batch baseline only; "
-                                  "with grpo use 'keep' or 'penalty'")
-            if self.grpo_group_size < 2:
-                raise ConfigError(
-                    f"GRPO needs grpo_group_size >= 2 (got {self.grpo_group_size}): with n = 1 the group "
-                    "baseline makes every advantage 0"
-                )
-            if not self.grpo_clip_eps > 0:
-                raise ConfigError(f"grpo_clip_eps must be > 0, got {self.grpo_clip_eps}")
 
 
 class Learner:
@@ -236,7 +73,12 @@ class Learner:
 
     Args:
         model: A causal LM (``transformers`` ``PreTrainedModel`` or anything returning ``.logits``).
-        config: :class:`OptimConfig`.
+        optim: AdamW and its schedule (:class:`~agentenv.trainer.learner_config.OptimConfig`).
+        objective: The loss (:class:`~agentenv.trainer.learner_config.ObjectiveConfig`; None: its defaults).
+        execution: How the update's rows are cut into passes: micro-batch rows and tokens, the
+            log-probability chunk, activation checkpointing, the shared prefix (the ``learner``
+            section, :class:`~agentenv.trainer.learner_config.LearnerConfig`; its backend fields are
+            not read here; None: its defaults).
         pad_token_id: Pad id for batching (the tokenizer's pad id; never scored).
         version: Starting policy version (a resumed run passes the checkpoint's).
         sampling: The rollout's behaviour transform (temperature, top-p, top-k): log pi is scored under
@@ -247,35 +89,39 @@ class Learner:
 
     Attributes:
         version: Policy version = optimizer steps taken (including those before a resume).
-        optimizer: ``torch.optim.AdamW``; scheduler: ``LambdaLR`` of ``config.lr_schedule``
+        optimizer: ``torch.optim.AdamW``; scheduler: ``LambdaLR`` of ``optim.lr_schedule``
             (:func:`agentenv.trainer.lr_schedule.build_scheduler`).
 
     Raises:
-        ConfigError: A cosine schedule without ``total_steps > config.warmup_steps``.
+        ConfigError: A cosine schedule without ``total_steps > optim.warmup_steps``.
     """
 
     def __init__(
         self,
         model: torch.nn.Module,
-        config: OptimConfig,
+        optim: OptimConfig,
         *,
+        objective: ObjectiveConfig | None = None,
+        execution: LearnerConfig | None = None,
         pad_token_id: int = 0,
         version: int = 0,
         sampling: SamplingTransform | None = None,
         total_steps: int | None = None,
     ) -> None:
         self.model = model
-        self.config = config
+        self.optim = optim
+        self.objective = objective if objective is not None else ObjectiveConfig()
+        self.execution = execution = execution if execution is not None else LearnerConfig()
         self.sampling = sampling if sampling is not None else SamplingTransform()
         self.pad_token_id = pad_token_id
         self.version = version
-        if config.gradient_checkpointing:
+        if execution.gradient_checkpointing:
             enable_gradient_checkpointing(model)
         params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
-            params, lr=config.lr, betas=config.betas, eps=config.adam_eps, weight_decay=config.weight_decay
+            params, lr=optim.lr, betas=optim.betas, eps=optim.adam_eps, weight_decay=optim.weight_decay
         )
-        self.scheduler = build_scheduler(self.optimizer, config, total_steps)
+        self.scheduler = build_scheduler(self.optimizer, optim, total_steps)
         self._params = params
 
     # -- scoring ----------------------------------------------------------------------------------
@@ -304,10 +150,11 @@ class Learner:
         try:
             out: list[torch.Tensor] = [torch.zeros(0) for _ in trajectories]
             batch = build_batch(trajectories, self.pad_token_id)
-            for mb in split_micro_batches(batch, self.config.micro_batch_size):
+            ex = self.execution
+            for mb in split_micro_batches(batch, ex.micro_batch_size):
                 mb = mb.to(self.device)
-                lp, _ = token_logprobs(self.model, mb, sampling=self.sampling, share_prefix=self.config.share_prefix,
-                                       chunk_tokens=self.config.logprob_chunk_tokens)
+                lp, _ = token_logprobs(self.model, mb, sampling=self.sampling, share_prefix=ex.share_prefix,
+                                       chunk_tokens=ex.logprob_chunk_tokens)
                 for i, (tid, k) in enumerate(zip(mb.ids, mb.source_index, strict=True)):
                     row = lp[i][mb.loss_mask[i]].float().cpu()
                     if not torch.isfinite(row).all():
@@ -329,7 +176,7 @@ class Learner:
         Raises:
             DataError: As :func:`agentenv.trainer.batching.build_batch`, or no policy token at all.
         """
-        cfg = self.config
+        cfg = self.execution
         return mean_policy_entropy(self.model, build_batch(trajectories, self.pad_token_id),
                                    micro_batch_size=cfg.micro_batch_size, sampling=self.sampling,
                                    share_prefix=cfg.share_prefix, chunk_tokens=cfg.logprob_chunk_tokens,
@@ -347,7 +194,7 @@ class Learner:
             DataError: empty batch, malformed trajectory, scores not matching the trajectories.
             ConfigError: GRPO with a batch that is not whole groups.
         """
-        return prepare_batch(trajectories, scores, self.config, self.pad_token_id)
+        return prepare_batch(trajectories, scores, self.objective, self.pad_token_id)
 
     def backward(
         self, batch: PolicyBatch, admitted: torch.Tensor | None = None,
@@ -355,9 +202,9 @@ class Learner:
     ) -> ObjectiveStats:
         """Accumulate this rank's share of the full-batch gradient into ``.grad`` (no step, no reduce).
 
-        Rows are processed in micro-batches of at most ``config.micro_batch_size`` rows and, when
-        set, ``config.max_tokens_per_micro_batch`` padded tokens (:func:`micro_batch_rows`); the
-        prefix every row shares runs once before them (``config.share_prefix``) and its gradient is
+        Rows are processed in micro-batches of at most ``execution.micro_batch_size`` rows and, when
+        set, ``execution.max_tokens_per_micro_batch`` padded tokens (:func:`micro_batch_rows`); the
+        prefix every row shares runs once before them (``execution.share_prefix``) and its gradient is
         back-propagated once after them. The objective uses the global B, T_i and N, so the
         accumulated gradient does not depend on the split. glibc's free heap is returned to the
         operating system before the first micro-batch (:func:`agentenv.malloc.release_free_heap`).
@@ -371,7 +218,7 @@ class Learner:
         Returns:
             This rank's summed :class:`ObjectiveStats`.
         """
-        cfg = self.config
+        cfg = self.execution
         rank, world = _rank_world()
         mine = shard(batch, rank, world) if world > 1 else batch
         stats = ObjectiveStats()
@@ -394,7 +241,7 @@ class Learner:
                                      chunk_tokens=cfg.logprob_chunk_tokens, prefix=prefix)
             if log_ratios is not None:
                 log_ratios.append(policy_log_ratios(lp, mb))
-            out = micro_batch_objective(lp, ent, mb, batch, cfg, adm)
+            out = micro_batch_objective(lp, ent, mb, batch, self.objective, adm)
             if out.loss.requires_grad:
                 out.loss.backward()
             stats = stats + out.stats
@@ -422,7 +269,7 @@ class Learner:
 
         Returns:
             :class:`UpdateStats`. ``stepped`` is False (and the version unchanged) when the batch
-            carried no gradient and ``config.step_on_zero_gradient`` is False.
+            carried no gradient and ``optim.step_on_zero_gradient`` is False.
 
         Raises:
             DataError: empty batch, malformed trajectory, NaN/inf or positive log-probability at a
@@ -451,10 +298,10 @@ class Learner:
         _all_reduce_grads(self._params)
         lr = float(self.optimizer.param_groups[0]["lr"])
         grad_norm = 0.0
-        stepped = has_signal or self.config.step_on_zero_gradient
+        stepped = has_signal or self.optim.step_on_zero_gradient
         if stepped:
             norm = torch.nn.utils.clip_grad_norm_(
-                self._params, self.config.grad_clip if self.config.grad_clip > 0 else math.inf
+                self._params, self.optim.grad_clip if self.optim.grad_clip > 0 else math.inf
             )
             grad_norm = float(norm)
             if not math.isfinite(grad_norm):
@@ -491,7 +338,7 @@ class Learner:
         """Resume from a checkpoint folder or root; the version numbering continues from it.
 
         The optimizer's moments and the schedule's step count come from the checkpoint; the lr,
-        betas, eps and weight decay are this learner's config (a change is logged as a warning).
+        betas, eps and weight decay are this learner's ``optim`` (a change is logged as a warning).
         See :func:`agentenv.trainer.checkpoint.load_checkpoint` (raises ``CheckpointError`` and then
         leaves the learner unchanged).
         """
@@ -499,7 +346,7 @@ class Learner:
 
         loaded = load_checkpoint(path, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler)
         self.version = loaded.version
-        log_applied(apply_optim_settings(self.optimizer, self.scheduler, self.config))
+        log_applied(apply_optim_settings(self.optimizer, self.scheduler, self.optim))
         return loaded
 
     # -- weights ----------------------------------------------------------------------------------

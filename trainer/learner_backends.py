@@ -16,7 +16,7 @@ ray        :class:`~agentenv.trainer.ray_learner.RayLearnerGroup`  ``world_size`
 =========  ==========================================================  ================================
 
 The DeepSpeed backends build the DeepSpeed batch geometry from the recipe: ``train_batch_size`` =
-``run.batch_size`` (B) and ``micro_train_batch_size`` = ``optim.micro_batch_size`` (checked by
+``run.batch_size`` (B) and ``micro_train_batch_size`` = ``learner.micro_batch_size`` (checked by
 :class:`agentenv.trainer.config.TrainConfig`). They need ``scripts/install_openrlhf.sh``.
 """
 
@@ -70,7 +70,7 @@ def build_learner(cfg: TrainConfig, model: torch.nn.Module, *, warmed_up: bool =
     """The learner ``cfg.learner`` names, on ``model`` (policy version 0).
 
     Args:
-        cfg: The run's config (``learner``, ``optim``, ``run.batch_size``, ``model``; ``rollout``'s
+        cfg: The run's config (``learner``, ``optim``, ``objective``, ``run.batch_size``, ``model``; ``rollout``'s
             temperature, top_p and top_k become the learner's :class:`SamplingTransform`).
         model: The loaded policy. ``single`` trains it in place, ``openrlhf`` a copy; ``ray`` actors load
             their own copy (by ``model.name``, on their GPU) and, when ``warmed_up``, receive this
@@ -84,14 +84,16 @@ def build_learner(cfg: TrainConfig, model: torch.nn.Module, *, warmed_up: bool =
     if backend == "single":
         from agentenv.trainer.learner import Learner
 
-        return Learner(model, cfg.optim, sampling=sampling_transform(cfg), total_steps=cfg.run.updates)
+        return Learner(model, cfg.optim, objective=cfg.objective, execution=cfg.learner,
+                       sampling=sampling_transform(cfg), total_steps=cfg.run.updates)
     if backend == "openrlhf":
         from agentenv.trainer.openrlhf_backend import OpenRLHFLearner
 
         # DeepSpeed takes over (and may cast or partition) the module it is given: hand it its own
         # copy, so ``model`` stays a plain module the caller can copy for the generation engine.
         return OpenRLHFLearner(
-            copy.deepcopy(model), cfg.optim, backend_config(cfg), sampling=sampling_transform(cfg),
+            copy.deepcopy(model), cfg.optim, backend_config(cfg), objective=cfg.objective, execution=cfg.learner,
+            sampling=sampling_transform(cfg),
             total_steps=cfg.run.updates,
         )
     return _ray_group(cfg, model, warmed_up=warmed_up)
@@ -124,7 +126,7 @@ def _ray_group(cfg: TrainConfig, model: torch.nn.Module, *, warmed_up: bool) -> 
         factory, cfg.optim, backend_config(cfg), world_size=cfg.learner.world_size,
         num_gpus_per_actor=cfg.learner.num_gpus_per_actor,
         master_addr="127.0.0.1" if cfg.learner.ray_address is None else None,
-        sampling=sampling_transform(cfg), total_steps=cfg.run.updates,
+        sampling=sampling_transform(cfg), total_steps=cfg.run.updates, objective=cfg.objective, execution=cfg.learner,
     )
 
 

@@ -78,7 +78,7 @@ from agentenv.trainer.forward import (
     shared_prefix,
     token_logprobs,
 )
-from agentenv.trainer.learner import OptimConfig
+from agentenv.trainer.learner_config import LearnerConfig, ObjectiveConfig, OptimConfig
 from agentenv.trainer.lr_schedule import apply_optim_settings, build_scheduler, log_applied
 from agentenv.trainer.objectives import ObjectiveStats
 from agentenv.trainer.openrlhf_compat import import_openrlhf
@@ -173,7 +173,7 @@ def _ensure_rendezvous_env() -> None:
     os.environ.setdefault("MASTER_PORT", str(free_port()))
 
 
-def make_strategy(backend: OpenRLHFBackendConfig, optim: OptimConfig) -> Any:
+def make_strategy(backend: OpenRLHFBackendConfig, optim: OptimConfig, execution: LearnerConfig) -> Any:
     """Build and set up OpenRLHF's :class:`DeepspeedStrategy` on this machine.
 
     On CUDA it calls OpenRLHF's own ``setup_distributed`` (NCCL, CUDA mesh; GPU-only, untested here).
@@ -182,7 +182,8 @@ def make_strategy(backend: OpenRLHFBackendConfig, optim: OptimConfig) -> Any:
 
     Args:
         backend: DeepSpeed settings.
-        optim: Optimizer settings (``micro_batch_size`` and ``grad_clip`` are used here).
+        optim: Optimizer settings (``grad_clip`` is used here).
+        execution: The ``learner`` section (``micro_batch_size`` is used here).
 
     Returns:
         The strategy, with ``world_size``, ``ds_device_mesh`` and ``accumulated_gradient`` set.
@@ -215,7 +216,7 @@ def make_strategy(backend: OpenRLHFBackendConfig, optim: OptimConfig) -> Any:
     strategy = _Strategy(
         seed=backend.seed,
         max_norm=optim.grad_clip,
-        micro_train_batch_size=optim.micro_batch_size,
+        micro_train_batch_size=execution.micro_batch_size,
         train_batch_size=backend.rows_per_update,
         zero_stage=backend.zero_stage,
         args=args,
@@ -237,9 +238,9 @@ def make_strategy(backend: OpenRLHFBackendConfig, optim: OptimConfig) -> Any:
         )
         strategy.ring_attn_rank = 0
         strategy.accumulated_gradient = (
-            backend.rows_per_update // optim.micro_batch_size // strategy.world_size
+            backend.rows_per_update // execution.micro_batch_size // strategy.world_size
         )
-    backend.grad_accumulation_steps(optim.micro_batch_size, strategy.world_size)  # validates divisibility
+    backend.grad_accumulation_steps(execution.micro_batch_size, strategy.world_size)  # validates divisibility
     return strategy
 
 
@@ -260,7 +261,8 @@ class OpenRLHFLearner:
 
     Args:
         model: The policy (a ``transformers`` causal LM); DeepSpeed takes ownership of it.
-        optim: Optimizer and objective settings (shared with the single-process learner).
+        optim: AdamW and its schedule; objective: the loss; execution: the ``learner`` section's
+            micro-batching (the three as in :class:`agentenv.trainer.learner.Learner`; None: defaults).
         backend: DeepSpeed settings.
         pad_token_id: Pad id for batching.
         version: Starting policy version.
@@ -280,21 +282,25 @@ class OpenRLHFLearner:
         optim: OptimConfig,
         backend: OpenRLHFBackendConfig | None = None,
         *,
+        objective: ObjectiveConfig | None = None,
+        execution: LearnerConfig | None = None,
         pad_token_id: int = 0,
         version: int = 0,
         strategy: Any = None,
         sampling: SamplingTransform | None = None,
         total_steps: int | None = None,
     ) -> None:
-        self.config = optim
+        self.optim = optim
+        self.objective = objective if objective is not None else ObjectiveConfig()
+        self.execution = execution = execution if execution is not None else LearnerConfig()
         self.sampling = sampling if sampling is not None else SamplingTransform()
         self.backend = backend if backend is not None else OpenRLHFBackendConfig()
         self.pad_token_id = pad_token_id
         self.version = version
-        self.strategy = strategy if strategy is not None else make_strategy(self.backend, optim)
+        self.strategy = strategy if strategy is not None else make_strategy(self.backend, optim, execution)
         self.world_size = dist.get_world_size()
         self.rank = dist.get_rank()
-        self.gas = self.backend.grad_accumulation_steps(optim.micro_batch_size, self.world_size)
+        self.gas = self.backend.grad_accumulation_steps(execution.micro_batch_size, self.world_size)
         cfg = {
             "optim": "adam",
             "adam": {
@@ -308,7 +314,7 @@ class OpenRLHFLearner:
             "max_norm": optim.grad_clip,
             "scheduler_steps": 1,
         }
-        if optim.gradient_checkpointing:
+        if execution.gradient_checkpointing:
             enable_gradient_checkpointing(model)
         self.engine, self.optimizer, _ = self.strategy.prepare((model, cfg))
         # The single-process learner's schedule, on the optimizer DeepSpeed steps; DeepSpeed calls
@@ -338,7 +344,7 @@ class OpenRLHFLearner:
             self.engine.eval()
             try:
                 with torch.no_grad():
-                    for mb in split_micro_batches(mine, self.config.micro_batch_size):
+                    for mb in split_micro_batches(mine, self.execution.micro_batch_size):
                         lp, _ = self._logprobs(mb.to(self.device))
                         for i, tid in enumerate(mb.ids):
                             rows[tid] = lp[i][mb.loss_mask[i].to(lp.device)].float().cpu()
@@ -358,7 +364,7 @@ class OpenRLHFLearner:
         Every rank scores all the rows (the same list on every rank); under ZeRO-3 through the engine's
         own forward, unchunked.
         """
-        cfg, zero3 = self.config, self.backend.zero_stage == 3
+        cfg, zero3 = self.execution, self.backend.zero_stage == 3
         return mean_policy_entropy(self.engine if zero3 else self.engine.module,
                                    build_batch(trajectories, self.pad_token_id),
                                    micro_batch_size=cfg.micro_batch_size, sampling=self.sampling,
@@ -369,7 +375,7 @@ class OpenRLHFLearner:
         self, trajectories: Sequence[Trajectory], scores: Sequence[torch.Tensor] | None
     ) -> tuple[PolicyBatch, torch.Tensor | None]:
         """Batch, global advantages and gate decision, as :meth:`Learner.prepare` (the same function)."""
-        return prepare_batch(trajectories, scores, self.config, self.pad_token_id)
+        return prepare_batch(trajectories, scores, self.objective, self.pad_token_id)
 
     def update(
         self, trajectories: Sequence[Trajectory], *, scores: Sequence[torch.Tensor] | None = None
@@ -389,9 +395,8 @@ class OpenRLHFLearner:
                 or positive log-probability at a policy token. The weights are untouched then.
         """
         t0 = time.perf_counter()
-        cfg = self.config
         batch, admitted = self.prepare(trajectories, scores)
-        if cfg.objective == "flash_reinforce" and scores is None and bool((batch.advantages != 0).any()):
+        if self.objective.name == "flash_reinforce" and scores is None and bool((batch.advantages != 0).any()):
             scores = self.score(trajectories)  # the gate's q, for the skip decision before DeepSpeed steps
             batch, admitted = self.prepare(trajectories, scores)
         if batch.num_rows > self.backend.rows_per_update:
@@ -401,7 +406,7 @@ class OpenRLHFLearner:
         signal = bool((batch.advantages != 0).any())
         if admitted is not None:
             signal = bool((admitted & (batch.advantages != 0)).any())
-        stepped = signal or cfg.step_on_zero_gradient
+        stepped = signal or self.optim.step_on_zero_gradient
         stats, grad_norm = ObjectiveStats(), 0.0
         lr = float(self.scheduler.get_last_lr()[0])
         log_ratios: list[torch.Tensor] = []
@@ -454,7 +459,7 @@ class OpenRLHFLearner:
             ``(stats, grad_norm, micro_steps)``: this rank's summed :class:`ObjectiveStats`, the
             global gradient norm before clipping, and the backward passes DeepSpeed ran.
         """
-        cfg = self.config
+        cfg = self.execution
         mine = shard(batch, self.rank, self.world_size)
         offset = shard_offset(batch.num_rows, self.rank, self.world_size)
         self.engine.train()
@@ -478,7 +483,7 @@ class OpenRLHFLearner:
                     mb = mb.to(self.device)
                     lp, ent = self._logprobs(mb, with_entropy=True, prefix=prefix)
                     log_ratios.append(policy_log_ratios(lp, mb))
-                    out = micro_batch_objective(lp, ent, mb, batch, cfg, adm)
+                    out = micro_batch_objective(lp, ent, mb, batch, self.objective, adm)
                     # DeepSpeed averages gradients over the dp ranks: undo it (module doc)
                     loss, stats = out.loss * self.world_size, stats + out.stats
             elif step < passes:  # padding: this rank has fewer micro-batches than another
@@ -513,13 +518,13 @@ class OpenRLHFLearner:
         """:func:`agentenv.trainer.forward.token_logprobs` of ``mb`` as the single-process learner scores it.
 
         Under ZeRO 0-2 every rank holds the full parameters, so the wrapped transformers model is
-        called directly: the vocabulary projection runs in ``optim.logprob_chunk_tokens`` chunks and
+        called directly: the vocabulary projection runs in ``learner.logprob_chunk_tokens`` chunks and
         the rows attend to ``prefix``'s cache (or, without one, the prefix the micro-batch's rows
-        share runs once, ``optim.share_prefix``); DeepSpeed's gradient hooks sit on the parameters,
+        share runs once, ``learner.share_prefix``); DeepSpeed's gradient hooks sit on the parameters,
         so ``engine.backward`` reduces the gradient as before. Under ZeRO-3 the engine's own forward
         gathers the partitioned parameters (unchunked, no shared prefix).
         """
-        cfg = self.config
+        cfg = self.execution
         if self.backend.zero_stage == 3:
             return token_logprobs(self.engine, mb, with_entropy=with_entropy, sampling=self.sampling)
         return token_logprobs(self.engine.module, mb, with_entropy=with_entropy, sampling=self.sampling,
@@ -584,7 +589,7 @@ class OpenRLHFLearner:
         if loaded is None:
             raise CheckpointError(f"DeepSpeed could not load the state under {state}")
         base = getattr(self.engine, "basic_optimizer", None) or self.engine.optimizer
-        changed = apply_optim_settings(base, self.scheduler, self.config)
+        changed = apply_optim_settings(base, self.scheduler, self.optim)
         if self.rank == 0:
             log_applied(changed)
 

@@ -15,7 +15,7 @@ from torch import nn
 
 from agentenv.engines.sampling import SamplingTransform
 from agentenv.trainer.checkpoint import LoadedCheckpoint
-from agentenv.trainer.learner import OptimConfig
+from agentenv.trainer.learner_config import LearnerConfig, ObjectiveConfig, OptimConfig
 from agentenv.trainer.openrlhf_backend import OpenRLHFBackendConfig, OpenRLHFLearner
 from agentenv.trainer.openrlhf_compat import import_openrlhf
 from agentenv.trainer.update_step import UpdateStats
@@ -43,6 +43,8 @@ class RayLearnerGroup:
             needed across nodes); pass ``"127.0.0.1"`` on a single machine.
         sampling: The rollout's behaviour transform, handed to every actor's learner (None: identity).
         total_steps: The run's optimizer steps, the horizon of a cosine lr schedule.
+        objective: The loss; execution: the ``learner`` section's micro-batching (as in
+            :class:`agentenv.trainer.learner.Learner`; None: defaults), handed to every actor.
     """
 
     def __init__(
@@ -55,6 +57,8 @@ class RayLearnerGroup:
         master_addr: str | None = None,
         sampling: SamplingTransform | None = None,
         total_steps: int | None = None,
+        objective: ObjectiveConfig | None = None,
+        execution: LearnerConfig | None = None,
     ) -> None:
         import ray
 
@@ -62,7 +66,8 @@ class RayLearnerGroup:
         first = actor_cls.remote(world_size, 0, master_addr, None)
         addr, port = ray.get(first.get_master_addr_port.remote())
         self.actors = [first] + [actor_cls.remote(world_size, r, addr, port) for r in range(1, world_size)]
-        ray.get([a.init_learner.remote(model_factory, optim, backend, sampling, total_steps) for a in self.actors])
+        settings = (optim, objective, execution, backend)
+        ray.get([a.init_learner.remote(model_factory, settings, sampling, total_steps) for a in self.actors])
         self._version = 0
 
     def _all(self, method: str, *args: Any, **kwargs: Any) -> Any:
@@ -156,12 +161,13 @@ class _LearnerActor:
     def init_learner(
         self,
         model_factory: Callable[[], nn.Module],
-        optim: OptimConfig,
-        backend: OpenRLHFBackendConfig,
+        settings: tuple[OptimConfig, ObjectiveConfig | None, LearnerConfig | None, OpenRLHFBackendConfig],
         sampling: SamplingTransform | None = None,
         total_steps: int | None = None,
     ) -> None:
-        self.learner = OpenRLHFLearner(model_factory(), optim, backend, sampling=sampling, total_steps=total_steps)
+        optim, objective, execution, backend = settings
+        self.learner = OpenRLHFLearner(model_factory(), optim, backend, objective=objective, execution=execution,
+                                       sampling=sampling, total_steps=total_steps)
 
     def update(self, trajectories: list[Trajectory], scores: list[torch.Tensor] | None = None) -> UpdateStats:
         return self.learner.update(trajectories, scores=scores)

@@ -276,7 +276,7 @@ async def _train(cfg: TrainConfig, run_dir: Path, parts: LoopParts, *, resume: b
     FAULTS.reset()  # faults/* count from this run's start
     engine = BusyTrackingEngine(SupervisedEngine(parts.build_engine(cfg, copy.deepcopy(model), tokenizer),
                                                  rebuild_engine))
-    group_size = cfg.optim.grpo_group_size if cfg.optim.objective == "grpo" else 1  # rollouts per task
+    group_size = cfg.objective.grpo_group_size if cfg.objective.name == "grpo" else 1  # rollouts per task
     pool = TrajectoryPool(cfg.staleness, group_size=group_size)
     checkpoints = CheckpointManager(run_dir / "checkpoints")
     busy = LoopBusy(engine.clock)  # engine, environments and learner busy in the update loop (trainer/overlap.py)

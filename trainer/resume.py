@@ -112,7 +112,7 @@ def ensure_run_id(run_dir: Path) -> str:
 def run_identity(cfg: Any, group_size: int, run_id: str | None = None) -> dict[str, Any]:
     """What a checkpoint must match to be resumed: model, env and its kwargs, objective, group size, run id."""
     identity = {"model": cfg.model.name or "embedded SmolLM2-135M-Instruct", "env": cfg.env.id,
-                "env_kwargs": json.loads(json.dumps(dict(cfg.env.kwargs))), "objective": cfg.optim.objective,
+                "env_kwargs": json.loads(json.dumps(dict(cfg.env.kwargs))), "objective": cfg.objective.name,
                 "group_size": group_size}
     if run_id is not None:
         identity["run_id"] = run_id

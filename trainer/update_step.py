@@ -33,7 +33,7 @@ from agentenv.trainer.objectives import (
 from agentenv.trajectory import Trajectory
 
 if TYPE_CHECKING:
-    from agentenv.trainer.learner import OptimConfig
+    from agentenv.trainer.learner_config import ObjectiveConfig
 
 __all__ = [
     "UpdateStats",
@@ -118,7 +118,7 @@ class UpdateStats:
 
 
 def prepare_batch(
-    trajectories: Sequence[Trajectory], scores: Sequence[torch.Tensor] | None, config: OptimConfig,
+    trajectories: Sequence[Trajectory], scores: Sequence[torch.Tensor] | None, config: ObjectiveConfig,
     pad_token_id: int,
 ) -> tuple[PolicyBatch, torch.Tensor | None]:
     """Padded batch with its global advantages and, given ``scores``, FlashREINFORCE's gate decision.
@@ -127,10 +127,10 @@ def prepare_batch(
         trajectories: The fresh batch (B trajectories).
         scores: Current log pi(a_t) per trajectory (one ``(T_i,)`` tensor or array each, in order), the
             gate's ``q``; None leaves the gate to the training forward. GRPO ignores them.
-        config: Objective settings (``objective``, ``grpo_group_size``, ``delta``, ``gate``).
+        config: The objective (``name``, ``grpo_group_size``, ``delta``, ``gate``, ...).
         pad_token_id: Pad id.
 
-    Trajectories cut by a token budget are treated as ``config.truncation`` says (:class:`OptimConfig`).
+    Trajectories cut by a token budget are treated as ``config.truncation`` says (:class:`ObjectiveConfig`).
 
     Returns:
         ``(batch, admitted)``: advantages ``A_i = R_i - mean R`` over all B rows (GRPO: per group;
@@ -147,18 +147,18 @@ def prepare_batch(
     rewards = batch.rewards
     if config.truncation == "penalty":
         rewards = rewards - config.truncation_penalty * cut.float()
-    if config.objective == "grpo":
+    if config.name == "grpo":
         adv = group_advantages(rewards, config.grpo_group_size)
     elif config.truncation == "mask":
         adv = masked_batch_mean_advantages(rewards, ~cut)
     else:
         adv = batch_mean_advantages(rewards)
     failed = adv < 0  # before the clamp below: the entropy filter's failed rows stay failed
-    if config.advantage_clip_negative:  # A = max(A, 0): no negative feedback (OptimConfig)
+    if config.advantage_clip_negative:  # A = max(A, 0): no negative feedback (ObjectiveConfig)
         adv = adv.clamp(min=0.0)
     batch = replace(batch, advantages=adv.float(), failed=failed)
     admitted = None
-    if scores is not None and config.objective == "flash_reinforce":
+    if scores is not None and config.name == "flash_reinforce":
         if len(scores) != len(trajectories):
             raise DataError(f"{len(scores)} score tensors for {len(trajectories)} trajectories")
         q = torch.zeros_like(batch.behaviour_logprobs)
@@ -200,13 +200,13 @@ def update_stats(
 
 
 def micro_batch_objective(
-    logprobs: torch.Tensor, entropies: torch.Tensor, mb: PolicyBatch, batch: PolicyBatch, config: OptimConfig,
+    logprobs: torch.Tensor, entropies: torch.Tensor, mb: PolicyBatch, batch: PolicyBatch, config: ObjectiveConfig,
     admitted: torch.Tensor | None,
 ) -> ObjectiveOutput:
     """The objective's loss and statistics on one scored micro-batch: the micro-step every learner backend runs.
 
     FlashREINFORCE (:func:`agentenv.trainer.objectives.flash_reinforce_loss`) or GRPO
-    (:func:`agentenv.trainer.objectives.grpo_loss`) per ``config.objective``, with the global
+    (:func:`agentenv.trainer.objectives.grpo_loss`) per ``config.name``, with the global
     denominators of ``batch`` (B, the policy-token count N), so micro-batch losses add up to the
     full-batch loss. The statistics also carry the exact entropy of pi_theta over ``mb``'s policy
     tokens (``entropy_sum``, ``entropy_tokens``).
@@ -224,7 +224,7 @@ def micro_batch_objective(
         :class:`ObjectiveOutput`; call ``loss.backward()`` (scaled as the backend needs) when it
         requires grad.
     """
-    if config.objective == "grpo":
+    if config.name == "grpo":
         out = grpo_loss(
             logprobs, mb.behaviour_logprobs, mb.loss_mask, mb.advantages, mb.lengths, batch.global_tokens,
             clip_eps=config.grpo_clip_eps, row_ids=mb.ids,

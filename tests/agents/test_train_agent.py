@@ -37,7 +37,7 @@ def test_train_an_agent_program(calc_env, tmp_path, monkeypatch):
     run = tmp_path / "run"
     argv = ["--env", calc_env, "--run-dir", str(run), "run.updates=2", "run.batch_size=4", "run.concurrency=4",
             "run.max_pool_size=8", "rollout.max_new_tokens_per_turn=4", "rollout.max_total_tokens=400",
-            "optim.micro_batch_size=4", "model.max_batch_size=4", "optim.step_on_zero_gradient=true",
+            "learner.micro_batch_size=4", "model.max_batch_size=4", "optim.step_on_zero_gradient=true",
             "eval.problems=2"]
     assert recipe.main(argv) == 0
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]

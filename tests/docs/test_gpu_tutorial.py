@@ -49,7 +49,7 @@ EXPECTED = [
     {("model", "engine"): "vllm", ("model", "device"): "cuda", ("learner", "backend"): "openrlhf",
      ("learner", "param_dtype"): "bf16", ("model", "name"): "/models/Qwen2.5-1.5B-Instruct"},
     {("learner", "backend"): "ray", ("learner", "world_size"): 4, ("optim", "lr"): 1e-6,
-     ("run", "batch_size"): 128, ("optim", "delta"): 0.001, ("model", "engine"): "vllm"},
+     ("run", "batch_size"): 128, ("objective", "delta"): 0.001, ("model", "engine"): "vllm"},
     {("learner", "backend"): "ray", ("learner", "world_size"): 16, ("run", "run_dir"): "/shared/runs/qwen7b"},
     {("learner", "backend"): "ray", ("model", "name"): "/models/Qwen2.5-7B-Instruct"},
 ]

@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.timeout(180)]
 FAST = [
     "run.updates=2", "run.batch_size=4", "run.concurrency=4", "run.max_pool_size=8",
     "rollout.max_turns=2", "rollout.max_new_tokens_per_turn=4", "rollout.max_total_tokens=16",
-    "optim.micro_batch_size=4", "model.max_batch_size=4",
+    "learner.micro_batch_size=4", "model.max_batch_size=4",
     "optim.step_on_zero_gradient=true",  # the plumbing is under test: a random policy's rewards may all be equal
 ]
 

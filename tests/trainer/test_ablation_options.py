@@ -1,5 +1,5 @@
-"""The ablation options of ``agentenv study``: ``optim.advantage_clip_negative`` and
-``optim.loss_aggregation``, against hand-computed advantages and gradients."""
+"""The ablation options of ``agentenv study``: ``objective.advantage_clip_negative`` and
+``objective.loss_aggregation``, against hand-computed advantages and gradients."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from agentenv.errors import ConfigError, DataError
-from agentenv.trainer.learner import OptimConfig
+from agentenv.trainer.learner_config import ObjectiveConfig, OptimConfig
 from agentenv.trainer.objectives import flash_reinforce_loss
 from agentenv.trainer.update_step import prepare_batch
 from tests.trainer.conftest import make_trajectories
@@ -15,12 +15,12 @@ from tests.trainer.conftest import make_trajectories
 
 def test_advantage_clip_negative_keeps_only_positive_advantages():
     trajs = make_trajectories(4, rewards=[1.0, 0.0, 0.0, 1.0])
-    full, _ = prepare_batch(trajs, None, OptimConfig(), pad_token_id=0)
-    clipped, _ = prepare_batch(trajs, None, OptimConfig(advantage_clip_negative=True), pad_token_id=0)
+    full, _ = prepare_batch(trajs, None, ObjectiveConfig(), pad_token_id=0)
+    clipped, _ = prepare_batch(trajs, None, ObjectiveConfig(advantage_clip_negative=True), pad_token_id=0)
     order = [full.source_index.index(k) for k in range(4)]  # row of trajectory k
     assert [float(full.advantages[i]) for i in order] == [0.5, -0.5, -0.5, 0.5]
     assert [float(clipped.advantages[i]) for i in order] == [0.5, 0.0, 0.0, 0.5]
-    grpo = OptimConfig(objective="grpo", grpo_group_size=2, advantage_clip_negative=True)
+    grpo = ObjectiveConfig(name="grpo", grpo_group_size=2, advantage_clip_negative=True)
     g, _ = prepare_batch(make_trajectories(4, rewards=[1.0, 0.0, 0.0, 0.0]), None, grpo, pad_token_id=0)
     # group (1, 0): (r - 0.5) / std 0.7071 = +-0.7071, clipped to (0.7071, 0); group (0, 0): zeros
     assert torch.allclose(g.advantages, torch.tensor([2 ** -0.5, 0.0, 0.0, 0.0]), atol=1e-4)
@@ -44,7 +44,7 @@ def test_token_mean_weighs_every_token_one_over_n():
     with pytest.raises(DataError, match="total_tokens=3 is below this call's 4"):
         _grad(3)
     with pytest.raises(ConfigError, match="loss_aggregation"):
-        OptimConfig(loss_aggregation="row_mean")
+        ObjectiveConfig(loss_aggregation="row_mean")
 
 
 def test_the_learner_trains_with_token_mean():
@@ -54,7 +54,8 @@ def test_the_learner_trains_with_token_mean():
     trajs = make_trajectories(4, rewards=[1.0, 0.0, 0.0, 1.0])
     grads = {}
     for agg in ("sample_mean", "token_mean"):
-        learner = Learner(tiny_model(), OptimConfig(lr=1e-3, loss_aggregation=agg, delta=100.0))
+        learner = Learner(tiny_model(), OptimConfig(lr=1e-3),
+                          objective=ObjectiveConfig(loss_aggregation=agg, delta=100.0))
         stats = learner.update(trajs)
         assert stats.stepped and stats.version == 1
         grads[agg] = stats.grad_norm

@@ -12,13 +12,14 @@ import torch
 
 from agentenv.errors import CheckpointError
 from agentenv.trainer import checkpoint as ckpt
-from agentenv.trainer.learner import Learner, OptimConfig
+from agentenv.trainer.learner import Learner
+from agentenv.trainer.learner_config import ObjectiveConfig, OptimConfig
 
 from .conftest import make_trajectories, tiny_model
 
 
 def _learner(seed=0):
-    return Learner(tiny_model(seed), OptimConfig(lr=1e-3, delta=10.0, warmup_steps=3))
+    return Learner(tiny_model(seed), OptimConfig(lr=1e-3, warmup_steps=3), objective=ObjectiveConfig(delta=10.0))
 
 
 def test_round_trip_resume_continues_versions_and_rng(tmp_path):

@@ -11,7 +11,8 @@ import torch
 
 from agentenv.errors import CheckpointError
 from agentenv.trainer import checkpoint as ckpt
-from agentenv.trainer.learner import Learner, OptimConfig
+from agentenv.trainer.learner import Learner
+from agentenv.trainer.learner_config import OptimConfig
 
 from .conftest import tiny_model
 

@@ -49,8 +49,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(240),
 
 UPDATES, B = 4, 4
 OVERRIDES = ["warmup.steps=0", "eval.problems=0", f"run.batch_size={B}", "run.concurrency=4", "run.max_pool_size=8",
-             "run.checkpoint_every=100", "optim.micro_batch_size=4", "staleness.policy=none",
-             "staleness.drift_mode=token_share", "optim.delta=100.0", "optim.step_on_zero_gradient=true",
+             "run.checkpoint_every=100", "learner.micro_batch_size=4", "staleness.policy=none",
+             "staleness.drift_mode=token_share", "objective.delta=100.0", "optim.step_on_zero_gradient=true",
              "model.max_batch_size=4", "rollout.max_turns=4", "rollout.max_total_tokens=4096",
              "--updates", str(UPDATES)]
 PROBLEM = MathProblem("fault/0", "What is 6 times 7?", "42", "fault")

@@ -94,10 +94,10 @@ def test_every_gate_trains_under_the_lag_and_logs_its_admission(tmp_path, gate, 
     parts = LoopParts(load_policy=lambda cfg, **_: (tiny_lm(), None, CharRenderer()),
                       build_engine=lambda cfg, model, tok: ScriptedEngine(["done", "no"]),
                       env_factory=lambda cfg, *_: CountdownEnv)
-    overrides = [o for o in OVERRIDES if not o.startswith("optim.delta")]
+    overrides = [o for o in OVERRIDES if not o.startswith("objective.delta")]
     cfg, _ = recipe.parse_args(["--run-dir", str(tmp_path / "run"), *overrides, "--updates", "3",
-                                "staleness.policy=none", "staleness.forced_lag=1", f"optim.gate={gate}",
-                                f"optim.delta={delta}", "optim.step_on_zero_gradient=true"])
+                                "staleness.policy=none", "staleness.forced_lag=1", f"objective.gate={gate}",
+                                f"objective.delta={delta}", "optim.step_on_zero_gradient=true"])
     run_dir = recipe.prepare_run_dir(cfg, resume=False, overwrite=False)
     summary = asyncio.run(asyncio.wait_for(recipe.train(cfg, run_dir, parts=parts), 90))
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

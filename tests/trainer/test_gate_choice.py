@@ -1,4 +1,4 @@
-"""FlashREINFORCE's gate choice (``optim.gate``): sequence (the method), a token-local mask, none.
+"""FlashREINFORCE's gate choice (``objective.gate``): sequence (the method), a token-local mask, none.
 
 Losses, gradients and masks against hand-computed tensors, and the sequence gate as it was before the
 choice existed (values recorded with the previous implementation, as float hex), to within 64 units of
@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from agentenv.errors import ConfigError
-from agentenv.trainer.learner import Learner, OptimConfig
+from agentenv.trainer.learner import Learner
+from agentenv.trainer.learner_config import LearnerConfig, ObjectiveConfig, OptimConfig
 from agentenv.trainer.objectives import (
     ObjectiveStats,
     bernoulli_kl_gate,
@@ -146,7 +147,7 @@ def _old_inputs(dtype):
 _F32_GRAD = ["-0x1.793b5p-5", "-0x1.1775c8p-5", "-0x1.555556p-5", "0x0.0p+0", "-0x0.0p+0", "-0x0.0p+0",
              "-0x0.0p+0", "-0x0.0p+0", "0x0.0p+0", "0x1.9e0eecp-7", "0x1.34d9e8p-6", "0x1.555556p-6"]
 # (dtype, keyword arguments, loss, gradient, admitted, D, kept tokens, surrogate), recorded with the
-# implementation before optim.gate existed (commit bf53b74)
+# implementation before objective.gate existed (commit bf53b74)
 BEFORE = {
     "f32_delta0.01": (torch.float32, dict(delta=0.01), "0x1.29c3dp-7", _F32_GRAD, [True, False, True],
                       ["0x1.749e36p-8", "0x1.80734cp-5", "0x1.1d218ap-8"], 6, "-0x1.1cb588p-4"),
@@ -206,11 +207,11 @@ def test_trust_gate_sequence_is_bernoulli_kl_gate_exactly():
 
 # -- config, stats, learner ------------------------------------------------------------------------
 def test_bad_gate_settings_are_config_errors_naming_the_field():
-    with pytest.raises(ConfigError, match="optim.gate must be 'sequence', 'token' or 'none', got 'off'"):
-        OptimConfig(gate="off")
-    with pytest.raises(ConfigError, match="optim.gate 'token' is FlashREINFORCE's trust gate; GRPO has none"):
-        OptimConfig(objective="grpo", grpo_group_size=2, gate="token")
-    assert OptimConfig().gate == "sequence"
+    with pytest.raises(ConfigError, match="objective.gate must be 'sequence', 'token' or 'none', got 'off'"):
+        ObjectiveConfig(gate="off")
+    with pytest.raises(ConfigError, match="objective.gate 'token' is FlashREINFORCE's trust gate; GRPO has none"):
+        ObjectiveConfig(name="grpo", grpo_group_size=2, gate="token")
+    assert ObjectiveConfig().gate == "sequence"
 
 
 def test_admitted_token_share_adds_up_over_micro_batches():
@@ -229,7 +230,9 @@ def _learner_grads(learner, trajs, scores):
 
 def test_learner_token_gate_from_a_scoring_pass_equals_the_inline_gate():
     model = tiny_model(3)
-    learner = Learner(model, OptimConfig(micro_batch_size=2, delta=3e-4, gate="token"))
+    learner = Learner(model, OptimConfig(),
+                      objective=ObjectiveConfig(delta=3e-4, gate="token"),
+                      execution=LearnerConfig(micro_batch_size=2))
     raw = make_trajectories(5, seed=3, rewards=[1, 0, 1, 0, 0])
     trajs = on_policy(raw, learner.score(raw), noise=0.3, seed=3)  # some tokens near, some far from the policy
     scores = learner.score(trajs)
@@ -242,8 +245,12 @@ def test_learner_token_gate_from_a_scoring_pass_equals_the_inline_gate():
     for k in g_in:
         torch.testing.assert_close(g_pre[k], g_in[k], rtol=1e-5, atol=1e-7)
     # no gate: every row and token, and the same gradient as the sequence gate admitting everything
-    none = Learner(model, OptimConfig(micro_batch_size=2, delta=0.0, gate="none"))
-    wide = Learner(model, OptimConfig(micro_batch_size=2, delta=1e9))
+    none = Learner(model, OptimConfig(),
+                   objective=ObjectiveConfig(delta=0.0, gate="none"),
+                   execution=LearnerConfig(micro_batch_size=2))
+    wide = Learner(model, OptimConfig(),
+                   objective=ObjectiveConfig(delta=1e9),
+                   execution=LearnerConfig(micro_batch_size=2))
     g_none, st_none, _ = _learner_grads(none, trajs, None)
     g_wide, st_wide, _ = _learner_grads(wide, trajs, None)
     assert (st_none.admitted, st_none.admitted_tokens) == (5, st_none.tokens)

@@ -17,15 +17,15 @@ from tests.trainer.test_loop_failures import FlakyEnv, _train, scripted  # noqa:
 
 pytestmark = pytest.mark.timeout(120)
 
-GRPO = ["optim.objective=grpo", "optim.grpo_group_size=4", "run.batch_size=8", "run.max_pool_size=16"]
+GRPO = ["objective.name=grpo", "objective.grpo_group_size=4", "run.batch_size=8", "run.max_pool_size=16"]
 
 
 @pytest.mark.parametrize(
     "argv, needle",
     [
-        (["optim.objective=grpo", "optim.grpo_group_size=1", "run.batch_size=8"], "grpo_group_size >= 2"),
-        (["optim.objective=grpo", "optim.grpo_group_size=3", "run.batch_size=8"],
-         r"run.batch_size \(8\) must be a multiple of optim.grpo_group_size \(3\)"),
+        (["objective.name=grpo", "objective.grpo_group_size=1", "run.batch_size=8"], "grpo_group_size >= 2"),
+        (["objective.name=grpo", "objective.grpo_group_size=3", "run.batch_size=8"],
+         r"run.batch_size \(8\) must be a multiple of objective.grpo_group_size \(3\)"),
         (["run.max_task_retries=-1"], "max_task_retries"),
     ],
 )
@@ -36,8 +36,8 @@ def test_mixed_prompt_groups_are_config_errors(argv, needle):
 
 def test_flash_reinforce_needs_no_group_multiple():
     cfg, _ = parse_args(["run.batch_size=6", "run.max_pool_size=12"])  # grpo_group_size 8 is ignored
-    assert cfg.optim.objective == "flash_reinforce"
-    cfg, _ = parse_args(["optim.objective=grpo", "optim.grpo_group_size=4", "run.batch_size=8"])
+    assert cfg.objective.name == "flash_reinforce"
+    cfg, _ = parse_args(["objective.name=grpo", "objective.grpo_group_size=4", "run.batch_size=8"])
     assert cfg.run.max_task_retries == 2
 
 
@@ -49,7 +49,7 @@ def _check_groups(batch, n, cfg):
         assert len({t.info["group"] for t in group}) == 1
         assert len({tuple(t.token_ids[: t.prompt_length]) for t in group}) == 1  # one prompt
         assert sorted(t.info["member"] for t in group) == list(range(n))
-    policy_batch, _ = prepare_batch(batch, None, cfg.optim, 0)
+    policy_batch, _ = prepare_batch(batch, None, cfg.objective, 0)
     adv = policy_batch.advantages.view(-1, n)
     torch.testing.assert_close(adv.sum(dim=1), torch.zeros(len(batch) // n), atol=1e-5, rtol=0)
     rewards = torch.tensor([t.reward for t in batch]).view(-1, n)

@@ -12,7 +12,8 @@ import torch.multiprocessing as mp
 
 from agentenv.engines.sampling import SamplingTransform
 from agentenv.errors import ConfigError, DataError
-from agentenv.trainer.learner import Learner, OptimConfig
+from agentenv.trainer.learner import Learner
+from agentenv.trainer.learner_config import LearnerConfig, ObjectiveConfig, OptimConfig
 from agentenv.trajectory import Trajectory
 
 from .conftest import VOCAB, make_trajectories, on_policy, tiny_model
@@ -37,7 +38,7 @@ def _grads(learner, trajs, scores=None):
 def test_score_matches_unpadded_forward(arch):
     model = tiny_model(1, arch)
     trajs = make_trajectories(5, seed=1)
-    learner = Learner(model, OptimConfig(micro_batch_size=2))
+    learner = Learner(model, OptimConfig(), execution=LearnerConfig(micro_batch_size=2))
     scores = learner.score(trajs)
     for tr, s in zip(trajs, scores, strict=True):
         assert s.shape == (tr.num_policy_tokens,)
@@ -48,7 +49,9 @@ def test_score_matches_unpadded_forward(arch):
 
 def test_gradient_matches_hand_written_loss_and_ignores_micro_batching():
     model = tiny_model(2)
-    learner = Learner(model, OptimConfig(micro_batch_size=8, delta=10.0))
+    learner = Learner(model, OptimConfig(),
+                      objective=ObjectiveConfig(delta=10.0),
+                      execution=LearnerConfig(micro_batch_size=8))
     trajs = make_trajectories(8, seed=2)
     trajs = on_policy(trajs, learner.score(trajs), noise=0.05)
     g8, st8 = _grads(learner, trajs)
@@ -69,7 +72,7 @@ def test_gradient_matches_hand_written_loss_and_ignores_micro_batching():
     for n, p in model.named_parameters():
         torch.testing.assert_close(g8[n], p.grad, rtol=1e-4, atol=1e-7)
     for mbs in (1, 3):
-        learner.config = OptimConfig(micro_batch_size=mbs, delta=10.0)
+        learner.execution = LearnerConfig(micro_batch_size=mbs)
         if mbs == 3:  # activation checkpointing recomputes, it does not change the gradient
             from agentenv.trainer.forward import enable_gradient_checkpointing
 
@@ -88,7 +91,9 @@ def _rank_worker(rank, world, init_file, out_dir, trajs_dicts):
     )
     try:
         torch.set_num_threads(1)
-        learner = Learner(tiny_model(3), OptimConfig(micro_batch_size=2, delta=10.0))
+        learner = Learner(tiny_model(3), OptimConfig(),
+                          objective=ObjectiveConfig(delta=10.0),
+                          execution=LearnerConfig(micro_batch_size=2))
         trajs = [Trajectory.from_dict(d) for d in trajs_dicts]
         learner.optimizer.zero_grad(set_to_none=True)
         batch, adm = learner.prepare(trajs)
@@ -107,7 +112,9 @@ def _rank_worker(rank, world, init_file, out_dir, trajs_dicts):
 @pytest.mark.timeout(180)
 def test_two_ranks_gloo_equal_one_rank():
     trajs = make_trajectories(7, seed=3)  # 7 rows: shards of 4 and 3
-    ref = Learner(tiny_model(3), OptimConfig(micro_batch_size=7, delta=10.0))
+    ref = Learner(tiny_model(3), OptimConfig(),
+                  objective=ObjectiveConfig(delta=10.0),
+                  execution=LearnerConfig(micro_batch_size=7))
     g1, st1 = _grads(ref, trajs)
     with tempfile.TemporaryDirectory() as d:
         args = (2, os.path.join(d, "init"), d, [t.to_dict() for t in trajs])
@@ -123,7 +130,9 @@ def test_two_ranks_gloo_equal_one_rank():
 
 def test_update_steps_version_and_weights_for_engine(tmp_path):
     model = tiny_model(4)
-    learner = Learner(model, OptimConfig(lr=1e-3, micro_batch_size=3, delta=10.0))
+    learner = Learner(model, OptimConfig(lr=1e-3),
+                      objective=ObjectiveConfig(delta=10.0),
+                      execution=LearnerConfig(micro_batch_size=3))
     trajs = make_trajectories(6, seed=4, rewards=[1, 0, 1, 0, 0, 1])
     before = {k: v.clone() for k, v in model.state_dict().items()}
     st = learner.update(trajs, scores=learner.score(trajs))
@@ -147,7 +156,9 @@ def test_update_steps_version_and_weights_for_engine(tmp_path):
 
 def test_update_reduces_loss_on_repeated_batch():
     model = tiny_model(5)
-    learner = Learner(model, OptimConfig(lr=3e-3, weight_decay=0.0, micro_batch_size=4, delta=10.0))
+    learner = Learner(model, OptimConfig(lr=3e-3, weight_decay=0.0),
+                      objective=ObjectiveConfig(delta=10.0),
+                      execution=LearnerConfig(micro_batch_size=4))
     trajs = make_trajectories(4, seed=5, rewards=[1, 0, 0, 0])
     win = trajs[0]
     lp0 = learner.score([win])[0].mean()
@@ -159,7 +170,7 @@ def test_update_reduces_loss_on_repeated_batch():
 
 def test_all_rejected_is_skipped_and_training_continues():
     model = tiny_model(6)
-    learner = Learner(model, OptimConfig(lr=1e-3, delta=1e-3))
+    learner = Learner(model, OptimConfig(lr=1e-3), objective=ObjectiveConfig(delta=1e-3))
     trajs = make_trajectories(4, seed=6, rewards=[1, 0, 1, 0])  # random behaviour log-probs: far off-policy
     before = {k: v.clone() for k, v in model.state_dict().items()}
     st = learner.update(trajs, scores=learner.score(trajs))
@@ -180,7 +191,7 @@ def test_all_rejected_is_skipped_and_training_continues():
 
 
 def test_equal_rewards_zero_gradient_skip():
-    learner = Learner(tiny_model(7), OptimConfig(delta=10.0))
+    learner = Learner(tiny_model(7), OptimConfig(), objective=ObjectiveConfig(delta=10.0))
     trajs = make_trajectories(3, seed=7, rewards=[1, 1, 1])
     g, _ = _grads(learner, trajs)
     assert all(not v.any() for v in g.values())
@@ -207,7 +218,9 @@ def _manual_entropies(model, tr: Trajectory) -> torch.Tensor:
 @pytest.mark.parametrize("micro", [8, 3])
 def test_policy_entropy_is_the_exact_entropy_over_the_scored_tokens(micro):
     model = tiny_model(11)
-    learner = Learner(model, OptimConfig(micro_batch_size=micro, delta=10.0))
+    learner = Learner(model, OptimConfig(),
+                      objective=ObjectiveConfig(delta=10.0),
+                      execution=LearnerConfig(micro_batch_size=micro))
     trajs = make_trajectories(6, seed=11, rewards=[1, 0, 1, 0, 0, 1])
     expected = torch.cat([_manual_entropies(model, t) for t in trajs])
     # the entropy probe's measure: the same mean, with no gradient, the weights and the mode left alone
@@ -230,7 +243,8 @@ def test_entropy_is_measured_under_the_samplers_transform():
     with torch.no_grad():
         flat.lm_head.weight.zero_()
     trajs = make_trajectories(3, seed=14)
-    assert Learner(flat, OptimConfig(delta=10.0)).entropy(trajs) == pytest.approx(math.log(VOCAB), rel=1e-6)
+    assert Learner(flat, OptimConfig(),
+                   objective=ObjectiveConfig(delta=10.0)).entropy(trajs) == pytest.approx(math.log(VOCAB), rel=1e-6)
     # temperature 0.7 and the top 5 tokens, by hand: softmax(logits / 0.7) over the 5 largest logits and
     # the sampled token (always in the kept set, as the engine sampled it: here a random one, often not)
     model = tiny_model(15)
@@ -243,13 +257,15 @@ def test_entropy_is_measured_under_the_samplers_transform():
         logp = torch.log_softmax(logits.masked_fill(drop, float("-inf")), -1)
         ent = torch.special.entr(logp.exp()).sum(-1)
         hand.append(ent[torch.tensor(tr.loss_mask[1:], dtype=torch.bool)])
-    top5 = Learner(model, OptimConfig(delta=10.0), sampling=SamplingTransform(temperature=0.7, top_k=5))
+    top5 = Learner(model, OptimConfig(),
+                   objective=ObjectiveConfig(delta=10.0),
+                   sampling=SamplingTransform(temperature=0.7, top_k=5))
     expected = float(torch.cat(hand).mean())
     assert top5.entropy(trajs) == pytest.approx(expected, rel=1e-5) and expected < math.log(6) + 1e-9
 
 
 def test_bad_input_errors_name_the_trajectory():
-    learner = Learner(tiny_model(8), OptimConfig(delta=10.0))
+    learner = Learner(tiny_model(8), OptimConfig(), objective=ObjectiveConfig(delta=10.0))
     with pytest.raises(DataError, match="empty batch"):
         learner.update([])
     trajs = make_trajectories(3, seed=8)
@@ -271,7 +287,7 @@ def test_bad_input_errors_name_the_trajectory():
 
 
 def test_trajectory_without_policy_tokens_is_excluded():
-    learner = Learner(tiny_model(9), OptimConfig(delta=10.0))
+    learner = Learner(tiny_model(9), OptimConfig(), objective=ObjectiveConfig(delta=10.0))
     trajs = make_trajectories(3, seed=9, rewards=[1, 0, 0])
     empty = Trajectory(id="empty", reward=1.0)
     empty.append_environment_tokens([1, 2, 3])
@@ -283,11 +299,13 @@ def test_trajectory_without_policy_tokens_is_excluded():
 
 def test_grpo_config_and_update():
     with pytest.raises(ConfigError, match="n = 1"):
-        OptimConfig(objective="grpo", grpo_group_size=1)
+        ObjectiveConfig(name="grpo", grpo_group_size=1)
     with pytest.raises(ConfigError):
-        OptimConfig(objective="ppo")
+        ObjectiveConfig(name="ppo")
     model = tiny_model(10)
-    learner = Learner(model, OptimConfig(objective="grpo", grpo_group_size=2, micro_batch_size=3))
+    learner = Learner(model, OptimConfig(),
+                      objective=ObjectiveConfig(name="grpo", grpo_group_size=2),
+                      execution=LearnerConfig(micro_batch_size=3))
     trajs = make_trajectories(4, seed=10, rewards=[1, 0, 0, 0])
     trajs = on_policy(trajs, learner.score(trajs))
     g, st = _grads(learner, trajs)
@@ -311,7 +329,7 @@ def test_grpo_config_and_update():
 
 
 def test_entropy_filter_runs_in_learner():
-    learner = Learner(tiny_model(11), OptimConfig(delta=10.0, entropy_keep_fraction=0.5))
+    learner = Learner(tiny_model(11), OptimConfig(), objective=ObjectiveConfig(delta=10.0, entropy_keep_fraction=0.5))
     trajs = make_trajectories(4, seed=11, rewards=[1, 0, 0, 0])
     _, st = _grads(learner, trajs)
     failed_tokens = sum(t.num_policy_tokens for t in trajs[1:])
@@ -321,7 +339,9 @@ def test_entropy_filter_runs_in_learner():
 
 
 def test_score_and_gate_follow_positions_not_ids():
-    learner = Learner(tiny_model(12), OptimConfig(micro_batch_size=2, delta=10.0))
+    learner = Learner(tiny_model(12), OptimConfig(),
+                      objective=ObjectiveConfig(delta=10.0),
+                      execution=LearnerConfig(micro_batch_size=2))
     a, b = make_trajectories(2, seed=12)
     b.id = a.id  # ids need not be unique
     empty = Trajectory(id=a.id)
@@ -388,8 +408,12 @@ def test_shared_prefix_pass_gives_the_plain_values_and_gradient(arch, monkeypatc
     trajs = _with_system_prompt(make_trajectories(6, seed=21), 24, seed=21)
     # rows share exactly the 24 system tokens (their own prompts differ right after)
     assert shared_prefix_length(build_batch(trajs, 0)) == 24
-    plain = Learner(tiny_model(21, arch), OptimConfig(micro_batch_size=6, delta=10.0, share_prefix=False))
-    shared = Learner(tiny_model(21, arch), OptimConfig(micro_batch_size=6, delta=10.0, share_prefix=True))
+    plain = Learner(tiny_model(21, arch), OptimConfig(),
+                    objective=ObjectiveConfig(delta=10.0),
+                    execution=LearnerConfig(micro_batch_size=6, share_prefix=False))
+    shared = Learner(tiny_model(21, arch), OptimConfig(),
+                     objective=ObjectiveConfig(delta=10.0),
+                     execution=LearnerConfig(micro_batch_size=6, share_prefix=True))
     trajs = on_policy(trajs, plain.score(trajs), noise=0.05)
     for a, b in zip(plain.score(trajs), shared.score(trajs), strict=True):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
@@ -405,7 +429,9 @@ def test_shared_prefix_pass_gives_the_plain_values_and_gradient(arch, monkeypatc
     assert calls == [24, 24]  # one scoring pass and one training pass took the shared path
     # activation checkpointing drops the KV cache in training: the plain pass runs instead
     calls.clear()
-    ckpt = Learner(tiny_model(21, arch), OptimConfig(micro_batch_size=6, delta=10.0, gradient_checkpointing=True))
+    ckpt = Learner(tiny_model(21, arch), OptimConfig(),
+                   objective=ObjectiveConfig(delta=10.0),
+                   execution=LearnerConfig(micro_batch_size=6, gradient_checkpointing=True))
     g_ckpt, _ = _grads(ckpt, trajs)
     assert calls == []
     torch.testing.assert_close(g_ckpt[emb], g_plain[emb], rtol=1e-4, atol=1e-6)

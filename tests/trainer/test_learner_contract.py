@@ -6,7 +6,8 @@ import inspect
 
 import pytest
 
-from agentenv.trainer.learner import Learner, OptimConfig
+from agentenv.trainer.learner import Learner
+from agentenv.trainer.learner_config import OptimConfig
 from agentenv.trainer.learner_contract import PolicyLearner
 
 from .conftest import tiny_model

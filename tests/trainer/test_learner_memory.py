@@ -7,7 +7,8 @@ import transformers
 
 from agentenv.engines.weights import check_state_dict, copy_into
 from agentenv.trainer import learner as learner_module
-from agentenv.trainer.learner import Learner, OptimConfig
+from agentenv.trainer.learner import Learner
+from agentenv.trainer.learner_config import LearnerConfig, ObjectiveConfig, OptimConfig
 
 from .conftest import make_trajectories, tiny_model
 
@@ -48,6 +49,8 @@ def test_free_heap_is_released_before_the_first_forward(monkeypatch):
     monkeypatch.setattr(learner_module, "release_free_heap", lambda: events.append("release") or True)
     model = tiny_model(5)
     model.model.register_forward_pre_hook(lambda *a: events.append("forward"))  # the decoder runs in every pass
-    learner = Learner(model, OptimConfig(micro_batch_size=2, delta=10.0))
+    learner = Learner(model, OptimConfig(),
+                      objective=ObjectiveConfig(delta=10.0),
+                      execution=LearnerConfig(micro_batch_size=2))
     learner.update(make_trajectories(4, seed=5, rewards=[1, 0, 1, 0]))
     assert events[0] == "release" and events.count("release") == 1 and events.count("forward") == 2

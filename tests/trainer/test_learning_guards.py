@@ -7,19 +7,22 @@ import torch
 
 from agentenv.errors import ConfigError, DataError
 from agentenv.trainer.experiments.significance import paired_bootstrap, two_proportion_interval
-from agentenv.trainer.learner import Learner, OptimConfig
+from agentenv.trainer.learner import Learner
+from agentenv.trainer.learner_config import LearnerConfig, ObjectiveConfig, OptimConfig
 from agentenv.trainer.objectives import bernoulli_kl_gate, masked_batch_mean_advantages
 from agentenv.trainer.update_step import prepare_batch
 from tests.trainer.conftest import make_trajectories, on_policy, tiny_model
 
 
 def test_mean_d_is_reported_when_the_gate_comes_from_a_scoring_pass():
-    learner = Learner(tiny_model(), OptimConfig(lr=1e-3, micro_batch_size=2, delta=0.05))
+    learner = Learner(tiny_model(), OptimConfig(lr=1e-3),
+                      objective=ObjectiveConfig(delta=0.05),
+                      execution=LearnerConfig(micro_batch_size=2))
     trajs = make_trajectories(6, seed=3, rewards=[1, 0, 1, 0, 0, 0])
     scores = learner.score(trajs)
     # behaviour = current + noise: D_i > 0 on every row
     trajs = on_policy(trajs, scores, noise=0.3, seed=1)
-    batch, admitted = prepare_batch(trajs, scores, learner.config, 0)
+    batch, admitted = prepare_batch(trajs, scores, learner.objective, 0)
     q = torch.zeros_like(batch.behaviour_logprobs)
     for i, k in enumerate(batch.source_index):
         q[i][batch.loss_mask[i]] = scores[k]
@@ -39,7 +42,7 @@ def _fresh(learner, seed, rewards):
 
 def test_a_batch_without_gradient_takes_no_step_even_with_momentum():
     model = tiny_model()
-    learner = Learner(model, OptimConfig(lr=1e-2, weight_decay=0.1, micro_batch_size=4))
+    learner = Learner(model, OptimConfig(lr=1e-2, weight_decay=0.1), execution=LearnerConfig(micro_batch_size=4))
     first = learner.update(_fresh(learner, 0, [1, 0, 0, 1]))
     assert first.stepped and learner.version == 1
     before = {k: v.clone() for k, v in model.state_dict().items()}
@@ -52,7 +55,8 @@ def test_a_batch_without_gradient_takes_no_step_even_with_momentum():
 def test_step_on_zero_gradient_only_bumps_the_version():
     """The opt-in: the version moves (in-flight rollouts count a version of staleness) for no change."""
     model = tiny_model()
-    learner = Learner(model, OptimConfig(lr=1e-2, micro_batch_size=4, step_on_zero_gradient=True))
+    learner = Learner(model, OptimConfig(lr=1e-2, step_on_zero_gradient=True),
+                      execution=LearnerConfig(micro_batch_size=4))
     assert learner.update(_fresh(learner, 0, [1, 0, 0, 1])).stepped
     before = {k: v.clone() for k, v in model.state_dict().items()}
     flat = learner.update(_fresh(learner, 1, [0, 0, 0, 0]))
@@ -69,14 +73,14 @@ def _cut(trajs, which):
 
 def test_truncation_keep_mask_and_penalty_advantages():
     rewards = [1.0, 0.0, 1.0, 0.0]
-    keep, _ = prepare_batch(_cut(make_trajectories(4, rewards=rewards), [1]), None, OptimConfig(), 0)
+    keep, _ = prepare_batch(_cut(make_trajectories(4, rewards=rewards), [1]), None, ObjectiveConfig(), 0)
     assert keep.advantages.tolist() == pytest.approx([0.5, -0.5, 0.5, -0.5])
     masked, _ = prepare_batch(_cut(make_trajectories(4, rewards=rewards), [1]), None,
-                              OptimConfig(truncation="mask"), 0)
+                              ObjectiveConfig(truncation="mask"), 0)
     # baseline over rows 0, 2, 3: mean 2/3; row 1 gets 0
     assert masked.advantages.tolist() == pytest.approx([1 / 3, 0.0, 1 / 3, -2 / 3])
     pen, _ = prepare_batch(_cut(make_trajectories(4, rewards=rewards), [1]), None,
-                           OptimConfig(truncation="penalty", truncation_penalty=1.0), 0)
+                           ObjectiveConfig(truncation="penalty", truncation_penalty=1.0), 0)
     # shaped rewards 1, -1, 1, 0: mean 0.25
     assert pen.advantages.tolist() == pytest.approx([0.75, -1.25, 0.75, -0.25])
     assert pen.rewards.tolist() == rewards  # the logged rewards stay the environment's
@@ -94,11 +98,11 @@ def test_masked_baseline_edge_cases():
 
 
 @pytest.mark.parametrize("bad", [dict(truncation="drop"), dict(truncation_penalty=-1.0),
-                                 dict(objective="grpo", grpo_group_size=1),
-                                 dict(objective="grpo", grpo_group_size=4, truncation="mask")])
+                                 dict(name="grpo", grpo_group_size=1),
+                                 dict(name="grpo", grpo_group_size=4, truncation="mask")])
 def test_bad_objective_settings_are_config_errors(bad):
     with pytest.raises(ConfigError):
-        OptimConfig(**bad)
+        ObjectiveConfig(**bad)
 
 
 def test_paired_bootstrap_and_two_proportion_by_hand():

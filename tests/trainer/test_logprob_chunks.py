@@ -8,7 +8,7 @@ import torch
 from agentenv.engines.sampling import SamplingTransform, label_logprobs
 from agentenv.errors import ConfigError
 from agentenv.trainer.forward import token_logprobs
-from agentenv.trainer.learner import OptimConfig
+from agentenv.trainer.learner_config import LearnerConfig
 from agentenv.trainer.logprob_chunks import chunked_label_logprobs, split_head
 
 from .conftest import make_trajectories, tiny_model
@@ -112,6 +112,6 @@ def test_bad_chunk_sizes_are_refused():
         chunked_label_logprobs(hidden, head, labels, None, 0)
     for bad in (0, -5):
         with pytest.raises(ConfigError, match="logprob_chunk_tokens must be >= 1"):
-            OptimConfig(logprob_chunk_tokens=bad)
+            LearnerConfig(logprob_chunk_tokens=bad)
         with pytest.raises(ConfigError, match="max_tokens_per_micro_batch must be >= 1"):
-            OptimConfig(max_tokens_per_micro_batch=bad)
+            LearnerConfig(max_tokens_per_micro_batch=bad)

@@ -26,8 +26,8 @@ pytestmark = pytest.mark.timeout(120)
 
 OVERRIDES = ["warmup.steps=0", "eval.problems=0", "run.batch_size=4", "run.concurrency=4",
              "run.max_pool_size=8", "run.checkpoint_every=100", "rollout.max_turns=1",
-             "rollout.max_new_tokens_per_turn=6", "rollout.max_total_tokens=16", "optim.micro_batch_size=4",
-             "staleness.drift_mode=token_share", "optim.delta=100.0"]  # the scripted log-probs are not the model's
+             "rollout.max_new_tokens_per_turn=6", "rollout.max_total_tokens=16", "learner.micro_batch_size=4",
+             "staleness.drift_mode=token_share", "objective.delta=100.0"]  # the scripted log-probs are not the model's
 
 
 def tiny_lm() -> torch.nn.Module:

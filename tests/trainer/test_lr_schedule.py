@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from agentenv.errors import ConfigError
-from agentenv.trainer.learner import Learner, OptimConfig
+from agentenv.trainer.learner import Learner
+from agentenv.trainer.learner_config import ObjectiveConfig, OptimConfig
 from agentenv.trainer.lr_schedule import lr_factor, warmup_length
 
 from .conftest import make_trajectories, tiny_model
@@ -37,7 +38,8 @@ def test_cosine_by_hand():
 
 
 def test_the_learner_steps_with_the_scheduled_lr():
-    learner = Learner(tiny_model(0), OptimConfig(lr=1e-3, lr_schedule="cosine", warmup_steps=1, delta=10.0),
+    learner = Learner(tiny_model(0), OptimConfig(lr=1e-3, lr_schedule="cosine", warmup_steps=1),
+                      objective=ObjectiveConfig(delta=10.0),
                       total_steps=3)
     lrs = []
     for k in range(3):
@@ -107,16 +109,16 @@ def test_bad_schedule_settings_are_config_errors_before_anything_loads(argv, nee
 
 def test_resume_applies_the_new_optimizer_settings_and_keeps_the_moments(tmp_path):
     old = OptimConfig(lr=1e-3, betas=(0.9, 0.999), adam_eps=1e-8, weight_decay=0.0, lr_schedule="cosine",
-                      warmup_steps=1, delta=10.0)
-    learner = Learner(tiny_model(0), old, total_steps=4)
+                      warmup_steps=1)
+    learner = Learner(tiny_model(0), old, objective=ObjectiveConfig(delta=10.0), total_steps=4)
     for k in range(2):
         learner.update(make_trajectories(4, seed=k, rewards=[1, 0, 1, 0]))
     learner.save(tmp_path / "ckpt")
     moments = {k: v.clone() for k, v in learner.optimizer.state_dict()["state"][0].items()}
 
     new = OptimConfig(lr=1e-4, betas=(0.9, 0.95), adam_eps=1e-6, weight_decay=0.1, lr_schedule="cosine",
-                      warmup_steps=1, delta=10.0)
-    resumed = Learner(tiny_model(1), new, total_steps=4)
+                      warmup_steps=1)
+    resumed = Learner(tiny_model(1), new, objective=ObjectiveConfig(delta=10.0), total_steps=4)
     resumed.restore(tmp_path / "ckpt")
     group = resumed.optimizer.param_groups[0]
     assert (group["betas"], group["eps"], group["weight_decay"]) == ((0.9, 0.95), 1e-6, 0.1)
@@ -132,11 +134,11 @@ def test_resume_applies_the_new_optimizer_settings_and_keeps_the_moments(tmp_pat
 
 
 def test_resume_with_the_same_settings_changes_nothing(tmp_path, caplog):
-    cfg = OptimConfig(lr=1e-3, delta=10.0)
-    learner = Learner(tiny_model(0), cfg)
+    cfg, objective = OptimConfig(lr=1e-3), ObjectiveConfig(delta=10.0)
+    learner = Learner(tiny_model(0), cfg, objective=objective)
     learner.update(make_trajectories(4, seed=0, rewards=[1, 0, 1, 0]))
     learner.save(tmp_path / "ckpt")
-    resumed = Learner(tiny_model(0), cfg)
+    resumed = Learner(tiny_model(0), cfg, objective=objective)
     with caplog.at_level("WARNING"):
         resumed.restore(tmp_path / "ckpt")
     assert "resume: optim" not in caplog.text

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 import pytest
 
 from agentenv.errors import ClosedError
-from agentenv.trainer.learner import Learner, OptimConfig
+from agentenv.trainer.learner import Learner
+from agentenv.trainer.learner_config import ObjectiveConfig, OptimConfig
 from agentenv.trainer.metrics import MetricsWriter, flatten
 
 from .conftest import make_trajectories, tiny_model
@@ -23,7 +24,7 @@ class _Decision:  # shaped like a pool decision record
 
 
 def test_update_metrics_to_jsonl_and_tensorboard(tmp_path):
-    learner = Learner(tiny_model(0), OptimConfig(delta=10.0))
+    learner = Learner(tiny_model(0), OptimConfig(), objective=ObjectiveConfig(delta=10.0))
     trajs = make_trajectories(4, seed=0, rewards=[1, 0, 0, 0])
     with MetricsWriter(tmp_path) as w:
         for _ in range(2):

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from agentenv.errors import ConfigError, DataError
-from agentenv.trainer.learner import OptimConfig
+from agentenv.trainer.learner_config import ObjectiveConfig
 from agentenv.trainer.objectives import (
     ObjectiveStats,
     batch_mean_advantages,
@@ -179,12 +179,12 @@ def test_errors():
     with pytest.raises(ValueError, match="delta"):
         flash_reinforce_loss(lq, lq, mask, delta=-1e-3, **ok)
     with pytest.raises(ValueError, match="delta"):
-        OptimConfig(delta=-0.1)
+        ObjectiveConfig(delta=-0.1)
     for q in (-0.1, 1.5):
         with pytest.raises(ValueError, match="fraction"):
             flash_reinforce_loss(lq, lq, mask, entropies=torch.zeros(2, 2), entropy_keep_fraction=q, **ok)
         with pytest.raises(ValueError, match="fraction"):
-            OptimConfig(entropy_keep_fraction=q)
+            ObjectiveConfig(entropy_keep_fraction=q)
     with pytest.raises(ValueError, match="T_i=2"):
         flash_reinforce_loss(lq, lq, mask, adv, torch.tensor([2, 2]), 2)
     with pytest.raises(ValueError, match="batch_size"):
@@ -225,7 +225,7 @@ def test_group_advantages_and_config():
     with pytest.raises(ConfigError, match="n = 1"):
         group_advantages(r, 1)
     with pytest.raises(ConfigError, match="grpo_group_size >= 2"):
-        OptimConfig(objective="grpo", grpo_group_size=1)
+        ObjectiveConfig(name="grpo", grpo_group_size=1)
     with pytest.raises(DataError, match="whole number"):
         group_advantages(r[:7], 4)
 

@@ -27,25 +27,20 @@ pytest.importorskip("openrlhf", reason="needs openrlhf: run scripts/install_open
 
 from agentenv.errors import ConfigError, DataError  # noqa: E402
 from agentenv.trainer.cpu_data_parallel import run_cpu_data_parallel  # noqa: E402
-from agentenv.trainer.learner import Learner, OptimConfig  # noqa: E402
+from agentenv.trainer.learner import Learner  # noqa: E402
+from agentenv.trainer.learner_config import LearnerConfig, ObjectiveConfig, OptimConfig  # noqa: E402
 from agentenv.trainer.openrlhf_backend import OpenRLHFBackendConfig  # noqa: E402
 
 from .conftest import make_trajectories, on_policy, tiny_model  # noqa: E402
 
 pytestmark = pytest.mark.openrlhf
 
-OPTIM = OptimConfig(
-    lr=1e-2, adam_eps=10.0, weight_decay=0.0, grad_clip=1.0, micro_batch_size=1, delta=1e-3, warmup_steps=2
-)
-GRPO_OPTIM = OptimConfig(
-    objective="grpo",
-    grpo_group_size=2,
-    lr=1e-2,
-    adam_eps=10.0,
-    weight_decay=0.0,
-    grad_clip=1.0,
-    micro_batch_size=2,
-)
+# the learner's three settings, passed as keywords to either backend
+OPTIM = dict(optim=OptimConfig(lr=1e-2, adam_eps=10.0, weight_decay=0.0, grad_clip=1.0, warmup_steps=2),
+             objective=ObjectiveConfig(delta=1e-3), execution=LearnerConfig(micro_batch_size=1))
+GRPO_OPTIM = dict(optim=OptimConfig(lr=1e-2, adam_eps=10.0, weight_decay=0.0, grad_clip=1.0),
+                  objective=ObjectiveConfig(name="grpo", grpo_group_size=2),
+                  execution=LearnerConfig(micro_batch_size=2))
 
 
 def _batches():
@@ -53,7 +48,7 @@ def _batches():
     base = tiny_model(0)
     a = make_trajectories(4, seed=1, rewards=[1, 0, 0, 1])
     b = make_trajectories(3, seed=2, rewards=[0, 1, 1])
-    learner = Learner(base, OPTIM)
+    learner = Learner(base, **OPTIM)
     # Behaviour log-probs near the model's own, so the gate admits most rows (noise makes rho != 1).
     return on_policy(a, learner.score(a), noise=0.02, seed=3), on_policy(
         b, learner.score(b), noise=0.02, seed=4
@@ -62,7 +57,7 @@ def _batches():
 
 def _reference(batches, learner=None):
     """The single-process learner's weights and grad norms after the same updates."""
-    learner = learner or Learner(tiny_model(0), OPTIM)
+    learner = learner or Learner(tiny_model(0), **OPTIM)
     norms, stats = [], []
     for batch in batches:
         st = learner.update(batch)
@@ -75,7 +70,7 @@ def _rank_run(rank: int, batches, zero_stage: int, rows: int, weights_file=None)
     from agentenv.trainer.openrlhf_backend import OpenRLHFLearner
 
     learner = OpenRLHFLearner(
-        tiny_model(0), OPTIM, OpenRLHFBackendConfig(rows_per_update=rows, zero_stage=zero_stage)
+        tiny_model(0), backend=OpenRLHFBackendConfig(rows_per_update=rows, zero_stage=zero_stage), **OPTIM
     )
     before = learner.weights_for_engine()
     out = []
@@ -156,13 +151,14 @@ def test_world_size_2_zero2_gloo_matches_single_process_learner():
     for a, b, tr in zip(results[0]["scores"], results[1]["scores"], batches[0], strict=True):
         assert a.shape == (tr.num_policy_tokens,) and torch.equal(a, b)
     # the entropy probe: every rank measures all rows, as the single learner does with the same weights
-    single = Learner(tiny_model(0), OPTIM)
+    single = Learner(tiny_model(0), **OPTIM)
     _reference(batches, single)
     assert results[0]["entropy"] == results[1]["entropy"] == pytest.approx(single.entropy(batches[0]), rel=1e-5)
 
 
-PREFIX_OPTIM = OptimConfig(lr=1e-2, adam_eps=10.0, weight_decay=0.0, grad_clip=1.0, micro_batch_size=4, delta=10.0,
-                           logprob_chunk_tokens=16)
+PREFIX_OPTIM = dict(optim=OptimConfig(lr=1e-2, adam_eps=10.0, weight_decay=0.0, grad_clip=1.0),
+                    objective=ObjectiveConfig(delta=10.0),
+                    execution=LearnerConfig(micro_batch_size=4, logprob_chunk_tokens=16))
 
 
 def _prefix_batch():
@@ -188,7 +184,7 @@ def _rank_prefix_run(rank: int, batch, optim=PREFIX_OPTIM):
     forward.SharedPrefix = CountedPrefix
     forward.chunked_label_logprobs = lambda *a, **k: chunks.append(a[4]) or real_chunks(*a, **k)
     assert logprob_chunks.chunked_label_logprobs is real_chunks
-    learner = OpenRLHFLearner(tiny_model(0), optim, OpenRLHFBackendConfig(rows_per_update=4, zero_stage=2))
+    learner = OpenRLHFLearner(tiny_model(0), backend=OpenRLHFBackendConfig(rows_per_update=4, zero_stage=2), **optim)
     st = learner.update(batch)
     return {"after": learner.weights_for_engine(), "norm": st.grad_norm, "prefixes": prefixes, "chunks": chunks,
             "kept": kept, "micro_steps": st.extra["perf/deepspeed_micro_steps"]}
@@ -200,7 +196,7 @@ def test_deepspeed_scores_in_chunks_with_the_shared_prefix_run_once():
     (res,) = run_cpu_data_parallel(functools.partial(_rank_prefix_run, batch=batch), world_size=1, timeout_s=300)
     assert res["prefixes"] and set(res["prefixes"]) == {20}  # the shared system prompt, one pass per forward
     assert res["chunks"] and set(res["chunks"]) == {16}
-    ref = Learner(tiny_model(0), PREFIX_OPTIM)
+    ref = Learner(tiny_model(0), **PREFIX_OPTIM)
     st = ref.update(batch)
     assert res["norm"] == pytest.approx(st.grad_norm, rel=1e-4)
     ref_w = ref.weights_for_engine()
@@ -215,11 +211,12 @@ def test_two_ranks_take_token_budget_micro_batches_against_one_prefix_pass():
     30 suffix tokens fits rank 0's two rows in one pass (2 x 15) but not rank 1's (2 x 17): rank 0
     runs one zero-weight pass so both take 2 micro-steps, then the prefix's backward as the third.
     """
-    optim = replace(PREFIX_OPTIM, micro_batch_size=2, max_tokens_per_micro_batch=30)
+    optim = {**PREFIX_OPTIM, "execution": replace(PREFIX_OPTIM["execution"], micro_batch_size=2,
+                                                  max_tokens_per_micro_batch=30)}
     batch = _prefix_batch()
     results = run_cpu_data_parallel(functools.partial(_rank_prefix_run, batch=batch, optim=optim), world_size=2,
                                     timeout_s=300)
-    ref = Learner(tiny_model(0), optim)
+    ref = Learner(tiny_model(0), **optim)
     st = ref.update(batch)
     ref_w = ref.weights_for_engine()
     for res in results:
@@ -242,7 +239,7 @@ def test_config_errors():
 def _rank_bad_input_then_zero0_update(rank: int, batches):
     from agentenv.trainer.openrlhf_backend import OpenRLHFLearner
 
-    learner = OpenRLHFLearner(tiny_model(0), OPTIM, OpenRLHFBackendConfig(rows_per_update=4, zero_stage=0))
+    learner = OpenRLHFLearner(tiny_model(0), backend=OpenRLHFBackendConfig(rows_per_update=4, zero_stage=0), **OPTIM)
     before = learner.weights_for_engine()
     errors = []
     too_many = make_trajectories(5, seed=5)
@@ -266,7 +263,7 @@ def _rank_bad_input_then_zero0_update(rank: int, batches):
     res = {"before": before, "after": learner.weights_for_engine(), "updates": out}
     opt_name = type(learner.engine.optimizer).__name__
     # GRPO through the same backend (a second engine in the same process group), one update
-    grpo = OpenRLHFLearner(tiny_model(0), GRPO_OPTIM, OpenRLHFBackendConfig(rows_per_update=4, zero_stage=2))
+    grpo = OpenRLHFLearner(tiny_model(0), backend=OpenRLHFBackendConfig(rows_per_update=4, zero_stage=2), **GRPO_OPTIM)
     g_stats = grpo.update(batches[0])
     grpo_res = (g_stats.grad_norm, g_stats.objective.clipped_tokens, grpo.weights_for_engine())
     return errors, skipped.stepped, skipped.version, unchanged, res, opt_name, grpo_res
@@ -282,7 +279,7 @@ def test_bad_input_is_refused_then_zero0_updates_match():
     assert opt == "AdamW"  # ZeRO-0 fp32: DeepSpeed steps torch.optim.AdamW directly
     _check_against_reference([res], batches)
     # GRPO (token-mean over the global N, PPO clip) also matches the single-process learner
-    ref = Learner(tiny_model(0), GRPO_OPTIM)
+    ref = Learner(tiny_model(0), **GRPO_OPTIM)
     ref_stats = ref.update(batches[0])
     norm, clipped, weights = grpo_res
     assert (

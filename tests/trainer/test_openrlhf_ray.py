@@ -41,11 +41,11 @@ def test_ray_learner_group_two_cpu_actors_match_single_process_learner(monkeypat
     try:
         group = RayLearnerGroup(
             functools.partial(tiny_model, 0),
-            OPTIM,
-            OpenRLHFBackendConfig(rows_per_update=4, zero_stage=2),
+            backend=OpenRLHFBackendConfig(rows_per_update=4, zero_stage=2),
             world_size=2,
             num_gpus_per_actor=0,
             master_addr="127.0.0.1",
+            **OPTIM,
         )
         stats = [group.update(b) for b in batches]
         weights = group.weights_for_engine()

@@ -152,8 +152,8 @@ class SlowToolEnv(Env[str, str]):
 
 OVERRIDES = ["warmup.steps=0", "eval.problems=0", "run.batch_size=8", "run.concurrency=8", "run.max_pool_size=16",
              "run.checkpoint_every=1000", "rollout.max_turns=1", "rollout.max_new_tokens_per_turn=2",
-             "rollout.max_total_tokens=8", "optim.micro_batch_size=8", "optim.delta=5.0",
-             "optim.step_on_zero_gradient=true", "optim.gradient_checkpointing=false", "staleness.policy=pace",
+             "rollout.max_total_tokens=8", "learner.micro_batch_size=8", "objective.delta=5.0",
+             "optim.step_on_zero_gradient=true", "learner.gradient_checkpointing=false", "staleness.policy=pace",
              "staleness.drift_mode=token_share", "model.max_batch_size=8", "run.seed=0", "run.updates=3"]
 KEYS = ("busy/engine_s", "busy/env_s", "busy/learner_s")
 

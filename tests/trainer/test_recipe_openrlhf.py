@@ -36,7 +36,7 @@ OVERRIDES = [
     "rollout.max_turns=1", "rollout.max_new_tokens_per_turn=6", "rollout.max_total_tokens=16",
     "optim.lr=0.1", "optim.adam_eps=10.0", "optim.weight_decay=0.0", "optim.lr_schedule=constant",
     "optim.warmup_ratio=0", "optim.warmup_steps=2",
-    "optim.micro_batch_size=2", "optim.step_on_zero_gradient=false",
+    "learner.micro_batch_size=2", "optim.step_on_zero_gradient=false",
 ]
 
 
@@ -151,7 +151,7 @@ def check_against_single_learner(res: dict, run, learner_type: str, initial_mode
     # replay every update through the single-process learner: same weights after each one
     cfg, _ = parse_args(["--run-dir", str(run), *OVERRIDES])
     init = initial_model.state_dict()
-    reference = Learner(initial_model, cfg.optim)
+    reference = Learner(initial_model, cfg.optim, objective=cfg.objective, execution=cfg.learner)
     assert all(torch.equal(calls[0]["before"][k], init[k]) for k in init)
     for c in calls:
         stats = reference.update([Trajectory.from_dict(d) for d in c["batch"]], scores=c["scores"])

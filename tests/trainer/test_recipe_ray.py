@@ -29,7 +29,7 @@ def test_train_with_two_ray_learner_actors_then_resume_matches_the_single_learne
     _, tokenizer = load_model_and_tokenizer(None)
     tiny_random_model(hidden_size=32, max_position_embeddings=256).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
-    overrides = [o for o in OVERRIDES if not o.startswith("learner.")] + [
+    overrides = [o for o in OVERRIDES if not o.startswith("learner.backend")] + [
         "learner.backend=ray", "learner.world_size=2", "learner.num_gpus_per_actor=0", f"model.name={folder}",
         "rollout.max_total_tokens=32", "rollout.max_new_tokens_per_turn=6",
     ]

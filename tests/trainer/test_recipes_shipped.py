@@ -53,24 +53,24 @@ def test_env_picks_its_cpu_recipe_and_alfworld_has_no_warmup():
     cfg, _ = parse_args(["--env", "alfworld"])
     assert cfg.env.id == "alfworld" and cfg.env.kwargs["split"] == "train" and cfg.warmup.steps == 0
     assert cfg.model.name is None and cfg.model.engine == "transformers" and cfg.learner.backend == "single"
-    assert cfg.optim.entropy_keep_fraction == 0.9
+    assert cfg.objective.entropy_keep_fraction == 0.9
 
 
 @pytest.mark.parametrize("name, batch, entropy", [("python_tool_qwen2.5_7b", 128, None),
                                                    ("alfworld_qwen2.5_7b", 64, 0.9)])
 def test_gpu_recipes_mirror_the_papers(name, batch, entropy):
     cfg, _ = parse_args(["--recipe", name])
-    o = cfg.optim
-    assert (o.objective, o.lr, o.weight_decay, o.grad_clip) == ("flash_reinforce", 1e-6, 0.1, 1.0)
-    assert o.delta == 1e-3
-    assert o.entropy_keep_fraction == entropy and cfg.run.batch_size == batch
+    o, objective = cfg.optim, cfg.objective
+    assert (objective.name, o.lr, o.weight_decay, o.grad_clip) == ("flash_reinforce", 1e-6, 0.1, 1.0)
+    assert objective.delta == 1e-3
+    assert objective.entropy_keep_fraction == entropy and cfg.run.batch_size == batch
     assert (cfg.rollout.temperature, cfg.rollout.top_p) == (1.0, 1.0)
     s = cfg.staleness
     assert (s.policy, s.drift_mode, s.gamma, s.beta) == ("pace", "scoring", 4.0, 0.9)
     assert s.target_occupancy is None  # N_target = B
     assert cfg.model.engine == "vllm" and cfg.warmup.steps == 0
     assert (cfg.learner.backend, cfg.learner.param_dtype, cfg.learner.zero_stage) == ("ray", "bf16", 2)
-    assert batch % (o.micro_batch_size * cfg.learner.world_size) == 0
+    assert batch % (cfg.learner.micro_batch_size * cfg.learner.world_size) == 0
     # every value stays overridable from the command line
     cfg, _ = parse_args(["--recipe", name, "--learner.world_size", "2", "learner.ray_address=null",
                          "--optim.lr", "3e-6"])
@@ -88,8 +88,8 @@ def test_gpu_recipes_mirror_the_papers(name, batch, entropy):
         (["learner.backend=openrlhf", "learner.param_dtype=int8"], "param_dtype"),
         (["learner.param_dtype=bf16"], "single learner trains in the model's own dtype"),
         (["learner.backend=ray", "learner.num_gpus_per_actor=-1"], "num_gpus_per_actor"),
-        (["learner.backend=openrlhf", "optim.micro_batch_size=3"], r"multiple of optim.micro_batch_size"),
-        (["learner.backend=ray", "learner.world_size=3", "optim.micro_batch_size=4"], r"= 12 for the ray learner"),
+        (["learner.backend=openrlhf", "learner.micro_batch_size=3"], r"multiple of learner.micro_batch_size"),
+        (["learner.backend=ray", "learner.world_size=3", "learner.micro_batch_size=4"], r"= 12 for the ray learner"),
         (["learner.nodes=2"], "unknown field"),
     ],
 )
@@ -99,5 +99,5 @@ def test_bad_learner_settings_fail_with_a_clear_error(argv, needle):
 
 
 def test_single_backend_accepts_any_batch_geometry():
-    cfg, _ = parse_args(["optim.micro_batch_size=3"])  # accumulation handles a ragged last micro-batch
+    cfg, _ = parse_args(["learner.micro_batch_size=3"])  # accumulation handles a ragged last micro-batch
     assert cfg.learner.backend == "single" and cfg.run.batch_size == 16 and 16 % 3

@@ -43,7 +43,7 @@ OVERRIDES = [
     "--recipe", "generic_cpu", "--env", "tests/RepeatNumber-v0", "--updates", str(U),
     f"run.batch_size={B}", "run.concurrency=4", "run.max_pool_size=16", f"run.checkpoint_every={EVERY}",
     "rollout.max_turns=2", "rollout.max_new_tokens_per_turn=4", "rollout.max_total_tokens=32",
-    "optim.micro_batch_size=4", "model.max_batch_size=4",
+    "learner.micro_batch_size=4", "model.max_batch_size=4",
     "optim.step_on_zero_gradient=true",  # every batch steps, so batches, updates and versions coincide
 ]
 

@@ -18,7 +18,8 @@ from agentenv.engines.base import SamplingParams
 from agentenv.engines.sampling import SamplingTransform
 from agentenv.errors import ConfigError
 from agentenv.rollout import RolloutConfig
-from agentenv.trainer.learner import Learner, OptimConfig
+from agentenv.trainer.learner import Learner
+from agentenv.trainer.learner_config import LearnerConfig, OptimConfig
 from agentenv.trainer.objectives import bernoulli_kl_gate
 from agentenv.trajectory import Trajectory
 
@@ -94,12 +95,14 @@ def test_transformers_engine_behaviour_matches_the_learner(temperature, top_p, t
 
     trajs = asyncio.run(rollouts())
     transform = SamplingTransform(temperature, top_p, top_k)
-    learner = Learner(peaked_model(vocab), OptimConfig(micro_batch_size=4, lr=1e-9), sampling=transform)
+    learner = Learner(peaked_model(vocab), OptimConfig(lr=1e-9),
+                      execution=LearnerConfig(micro_batch_size=4),
+                      sampling=transform)
     med, adm = match(trajs, learner.score(trajs))
     assert med < 0.02 and adm >= 0.95, (med, adm)
 
     # The old learner (temperature 1, full vocabulary) on the same rows: far off, the gate rejects.
-    old = Learner(peaked_model(vocab), OptimConfig(micro_batch_size=4, lr=1e-9))
+    old = Learner(peaked_model(vocab), OptimConfig(lr=1e-9), execution=LearnerConfig(micro_batch_size=4))
     med_old, adm_old = match(trajs, old.score(trajs))
     print(f"transformers T={temperature} top_p={top_p} top_k={top_k}: fixed median {med:.2e} admitted {adm:.2f}; "
           f"identity median {med_old:.3f} admitted {adm_old:.2f}")
@@ -169,9 +172,12 @@ def test_vllm_engine_behaviour_matches_the_learner(monkeypatch, temperature, top
     trajs = asyncio.run(rollouts())
     model = AutoModelForCausalLM.from_pretrained(default_model_dir(), dtype=torch.float32)
     transform = SamplingTransform(temperature, top_p, top_k)
-    med, adm = match(trajs, Learner(model, OptimConfig(micro_batch_size=4), sampling=transform).score(trajs))
+    med, adm = match(trajs, Learner(model, OptimConfig(),
+                                    execution=LearnerConfig(micro_batch_size=4),
+                                    sampling=transform).score(trajs))
     assert med < 0.02 and adm >= 0.95, (med, adm)
-    med_old, adm_old = match(trajs, Learner(model, OptimConfig(micro_batch_size=4)).score(trajs))
+    med_old, adm_old = match(trajs, Learner(model, OptimConfig(),
+                                            execution=LearnerConfig(micro_batch_size=4)).score(trajs))
     print(f"vllm T={temperature} top_p={top_p} top_k={top_k}: fixed median {med:.2e} admitted {adm:.2f}; "
           f"identity median {med_old:.3f} admitted {adm_old:.2f}")
     assert med_old > 0.02 and adm_old <= 0.5, (med_old, adm_old)

@@ -190,16 +190,16 @@ def test_every_runnable_study_builds_valid_configs_with_equal_budgets(tmp_path):
         assert [c.run.run_dir for _, c in configs] == [str(tmp_path / s.name) for s in study.settings]
     cfgs = dict(setting_configs(STUDIES["one_vs_group"], tmp_path, quick=False))
     (_, flash), (_, grpo) = list(cfgs.items())
-    assert (flash.optim.objective, grpo.optim.objective, grpo.optim.grpo_group_size) == ("flash_reinforce", "grpo", 4)
-    signed = [c.optim.advantage_clip_negative for _, c in setting_configs(STUDIES["signed_feedback"], tmp_path,
+    assert (flash.objective.name, grpo.objective.name, grpo.objective.grpo_group_size) == ("flash_reinforce", "grpo", 4)
+    signed = [c.objective.advantage_clip_negative for _, c in setting_configs(STUDIES["signed_feedback"], tmp_path,
                                                                            quick=False)]
     assert signed == [False, True]
     means = setting_configs(STUDIES["sample_vs_token_mean"], tmp_path, quick=False)
-    assert [c.optim.loss_aggregation for _, c in means] == ["sample_mean", "token_mean"]
+    assert [c.objective.loss_aggregation for _, c in means] == ["sample_mean", "token_mean"]
     gates = setting_configs(STUDIES["gate_under_lag"], tmp_path, quick=False)
-    assert [(s.name, c.optim.gate, c.staleness.forced_lag, c.staleness.policy) for s, c in gates] == [
+    assert [(s.name, c.objective.gate, c.staleness.forced_lag, c.staleness.policy) for s, c in gates] == [
         ("sequence_gate", "sequence", 4, "none"), ("token_mask", "token", 4, "none"), ("no_gate", "none", 4, "none")]
-    assert [c.optim.gate for _, c in setting_configs(STUDIES["gate_under_lag"], tmp_path, quick=True)] == [
+    assert [c.objective.gate for _, c in setting_configs(STUDIES["gate_under_lag"], tmp_path, quick=True)] == [
         "sequence", "token"]
     for name, latency in (("staleness_wall_clock", (0.0, 0.0)), ("staleness_wall_clock_latency", (2.0, 1.0))):
         wall = setting_configs(STUDIES[name], tmp_path, quick=False)
@@ -212,7 +212,7 @@ def test_every_runnable_study_builds_valid_configs_with_equal_budgets(tmp_path):
         assert STUDIES[name].figures[0] == "success_after"
         assert STUDIES[name].seconds == WALL_CLOCK_S == 600.0
     quick = setting_configs(STUDIES["entropy_filter"], tmp_path, quick=True)
-    assert [c.optim.entropy_keep_fraction for _, c in quick] == [None, 0.9]
+    assert [c.objective.entropy_keep_fraction for _, c in quick] == [None, 0.9]
     assert {(c.run.updates, c.run.batch_size, c.eval.problems) for _, c in quick} == {(2, 4, 4)}
 
 
@@ -227,7 +227,7 @@ def test_bad_input_is_a_clear_error_before_anything_runs(tmp_path, capsys, monke
     monkeypatch.delitem(STUDIES, "later")
     with pytest.raises(ConfigError, match="setting grpo_n4 cannot apply: a GRPO group of 4 rollouts"):
         run_study("one_vs_group", tmp_path / "s", quick=True, overrides=["run.concurrency=2"])
-    with pytest.raises(ConfigError, match="setting grpo_n4: .*multiple of optim.grpo_group_size"):
+    with pytest.raises(ConfigError, match="setting grpo_n4: .*multiple of objective.grpo_group_size"):
         run_study("one_vs_group", tmp_path / "s", quick=True, overrides=["run.batch_size=6"])
     assert not (tmp_path / "s").exists()
     other = tmp_path / "other"
@@ -350,7 +350,7 @@ def test_a_quick_study_writes_real_figures_and_resumes_without_rerunning(tmp_pat
     assert any("2/2 positive_only: held-out 'before' evaluation" in m and "copied from" in m for m in log)
     import yaml
 
-    assert yaml.safe_load((root / "positive_only" / "config.yaml").read_text())["optim"]["advantage_clip_negative"]
+    assert yaml.safe_load((root / "positive_only" / "config.yaml").read_text())["objective"]["advantage_clip_negative"]
     md = (root / "study.md").read_text()
     assert "model SmolLM2-135M-Instruct (embedded)" in md and "B = 4, 2 updates per setting, 2 held-out" in md
     assert f"| full_baseline | {result['rows'][0]['tool_calls']} |" in md

@@ -8,7 +8,8 @@ import torch
 from agentenv.errors import DataError
 from agentenv.trainer import forward as forward_module
 from agentenv.trainer.batching import build_batch, micro_batch_rows
-from agentenv.trainer.learner import Learner, OptimConfig
+from agentenv.trainer.learner import Learner
+from agentenv.trainer.learner_config import LearnerConfig, ObjectiveConfig, OptimConfig
 from agentenv.trajectory import Trajectory
 
 from .conftest import make_trajectories, on_policy, tiny_model
@@ -43,18 +44,20 @@ def test_rows_sorted_by_length_and_packed_under_the_budget():
 @pytest.mark.parametrize("objective", ["flash_reinforce", "grpo"])
 def test_budgeted_micro_batches_with_one_prefix_pass_give_the_single_pass_gradient(objective, monkeypatch):
     trajs = _with_system_prompt(make_trajectories(8, seed=41, turns=3), 20, seed=41)
-    scorer = Learner(tiny_model(41, dtype=torch.float64), OptimConfig(delta=10.0))
+    scorer = Learner(tiny_model(41, dtype=torch.float64), OptimConfig(), objective=ObjectiveConfig(delta=10.0))
     trajs = on_policy(trajs, scorer.score(trajs), noise=0.3)
     scores = scorer.score(trajs) if objective == "flash_reinforce" else None
     extra = {}
     if objective == "flash_reinforce":  # a gate that rejects some rows, so each row's decision must follow it
         d = scorer.prepare(trajs, scores)[0].gate_d
         extra = dict(delta=float(d.median()), entropy_keep_fraction=0.5)
-    common = dict(objective=objective, grpo_group_size=4, **extra)
-    plain = Learner(tiny_model(41, dtype=torch.float64), OptimConfig(micro_batch_size=8, share_prefix=False, **common))
+    common = dict(objective=ObjectiveConfig(name=objective, grpo_group_size=4, **extra))
+    plain = Learner(tiny_model(41, dtype=torch.float64), OptimConfig(),
+                    execution=LearnerConfig(micro_batch_size=8, share_prefix=False), **common)
     g_plain, _ = _grads(plain, trajs, scores)
     # one pass of all rows, the prefix served from its KV cache within it
-    single = Learner(tiny_model(41, dtype=torch.float64), OptimConfig(micro_batch_size=8, share_prefix=True, **common))
+    single = Learner(tiny_model(41, dtype=torch.float64), OptimConfig(),
+                     execution=LearnerConfig(micro_batch_size=8, share_prefix=True), **common)
     g_ref, st_ref = _grads(single, trajs, scores)
 
     prefix_passes, suffix_rows = [], []
@@ -68,8 +71,8 @@ def test_budgeted_micro_batches_with_one_prefix_pass_give_the_single_pass_gradie
     monkeypatch.setattr(forward_module, "SharedPrefix", CountedPrefix)
     monkeypatch.setattr(forward_module, "_suffix_forward",
                         lambda m, b, p, **k: suffix_rows.append(b.num_rows) or real_suffix(m, b, p, **k))
-    budget = OptimConfig(micro_batch_size=8, max_tokens_per_micro_batch=60, share_prefix=True, **common)
-    split = Learner(tiny_model(41, dtype=torch.float64), budget)
+    budget = LearnerConfig(micro_batch_size=8, max_tokens_per_micro_batch=60, share_prefix=True)
+    split = Learner(tiny_model(41, dtype=torch.float64), OptimConfig(), execution=budget, **common)
     g, st = _grads(split, trajs, scores)
 
     assert prefix_passes == [20]  # the system prompt ran once for the whole step

@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from agentenv.trainer.learner import Learner, OptimConfig
+from agentenv.trainer.learner import Learner
+from agentenv.trainer.learner_config import ObjectiveConfig, OptimConfig
 from agentenv.trainer.update_step import prepare_batch, ratio_tail
 
 from .conftest import make_trajectories, tiny_model
@@ -25,7 +26,7 @@ def test_ratio_tail_by_hand():
 
 def test_an_update_logs_the_ratio_tail_of_its_tokens():
     model = tiny_model(3)
-    learner = Learner(model, OptimConfig(lr=1e-3, delta=10.0))
+    learner = Learner(model, OptimConfig(lr=1e-3), objective=ObjectiveConfig(delta=10.0))
     trajs = make_trajectories(4, seed=3, rewards=[1, 0, 1, 0])  # behaviour log-probs unrelated to the model
     scores = learner.score(trajs)
     stats = learner.update(trajs)
@@ -40,7 +41,7 @@ def test_an_update_logs_the_ratio_tail_of_its_tokens():
 @pytest.mark.parametrize("clip_negative", [False, True])
 def test_failed_rows_are_marked_before_negative_advantages_are_clipped(clip_negative):
     trajs = make_trajectories(4, seed=1, rewards=[1, 0, 0, 1])
-    cfg = OptimConfig(delta=10.0, entropy_keep_fraction=0.5, advantage_clip_negative=clip_negative)
+    cfg = ObjectiveConfig(delta=10.0, entropy_keep_fraction=0.5, advantage_clip_negative=clip_negative)
     batch, _ = prepare_batch(trajs, None, cfg, pad_token_id=0)
     assert batch.failed.tolist() == [False, True, True, False]
     expected = [0.5, 0.0, 0.0, 0.5] if clip_negative else [0.5, -0.5, -0.5, 0.5]
@@ -52,8 +53,8 @@ def test_the_entropy_filter_acts_under_clipped_negatives():
     # tokens kept are the successes' T_i plus ceil(q T_i) of each failure's (every row is admitted)
     trajs = make_trajectories(4, seed=1, rewards=[1, 0, 0, 1])
     lengths = [sum(t.loss_mask) for t in trajs]
-    learner = Learner(tiny_model(1), OptimConfig(lr=1e-3, delta=10.0, entropy_keep_fraction=0.5,
-                                                 advantage_clip_negative=True))
+    learner = Learner(tiny_model(1), OptimConfig(lr=1e-3),
+                      objective=ObjectiveConfig(delta=10.0, entropy_keep_fraction=0.5, advantage_clip_negative=True))
     stats = learner.update(trajs)
     filtered = lengths[0] + lengths[3] + math.ceil(0.5 * lengths[1]) + math.ceil(0.5 * lengths[2])
     assert stats.objective.kept_tokens == filtered < sum(lengths)

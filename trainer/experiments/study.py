@@ -110,9 +110,9 @@ def setting_configs(study: Study, root: Path, *, quick: bool, overrides: Sequenc
             cfg = load_config(TrainConfig, apply_overrides(base, [*setting.overrides, *overrides, *more]))
         except ConfigError as exc:
             raise ConfigError(f"study {study.name}, setting {setting.name}: {exc}") from exc
-        if cfg.optim.objective == "grpo" and cfg.optim.grpo_group_size > cfg.run.concurrency:
+        if cfg.objective.name == "grpo" and cfg.objective.grpo_group_size > cfg.run.concurrency:
             raise ConfigError(f"study {study.name}, setting {setting.name} cannot apply: a GRPO group of "
-                              f"{cfg.optim.grpo_group_size} rollouts is played at once, run.concurrency is "
+                              f"{cfg.objective.grpo_group_size} rollouts is played at once, run.concurrency is "
                               f"{cfg.run.concurrency}")
         out.append((setting, cfg))
     return out

@@ -1,0 +1,40 @@
+"""The learner's settings in three sections: ``optim`` (AdamW), ``objective`` (the loss), ``learner`` (execution)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from agentenv.errors import ConfigError
+from agentenv.trainer.learner_config import LearnerConfig, ObjectiveConfig, OptimConfig
+from agentenv.trainer.recipe import parse_args
+
+
+def test_each_value_lives_in_exactly_one_section():
+    names = [{f.name for f in dataclasses.fields(c)} for c in (OptimConfig, ObjectiveConfig, LearnerConfig)]
+    assert not (names[0] & names[1] or names[0] & names[2] or names[1] & names[2])
+    # every value that left optim names its new place, and that place exists
+    for old, new in OptimConfig.MOVED_FIELDS.items():
+        section, field = new.split(".")
+        assert field in names[{"objective": 1, "learner": 2}[section]], (old, new)
+
+
+@pytest.mark.parametrize("override, new", [
+    ("optim.delta=0.1", "objective.delta"),
+    ("optim.objective=grpo", "objective.name"),
+    ("optim.max_tokens_per_micro_batch=512", "learner.max_tokens_per_micro_batch"),
+])
+def test_an_old_optim_key_names_where_it_lives_now(override, new):
+    with pytest.raises(ConfigError, match=rf"is now {new}"):
+        parse_args([override])
+
+
+def test_the_recipe_fills_all_three_sections():
+    cfg, _ = parse_args([])
+    assert (cfg.optim.lr, cfg.optim.lr_schedule, cfg.optim.warmup_ratio) == (3e-5, "cosine", 0.2)
+    assert (cfg.objective.name, cfg.objective.delta, cfg.objective.gate) == ("flash_reinforce", 0.15, "sequence")
+    assert (cfg.learner.backend, cfg.learner.micro_batch_size, cfg.learner.max_tokens_per_micro_batch) == \
+        ("single", 16, 512)
+    cfg, _ = parse_args(["objective.delta=0.05", "learner.max_tokens_per_micro_batch=256", "optim.lr=1e-5"])
+    assert (cfg.objective.delta, cfg.learner.max_tokens_per_micro_batch, cfg.optim.lr) == (0.05, 256, 1e-5)
