@@ -26,8 +26,9 @@ from pathlib import Path
 
 from agentenv.chat import ChatRenderer
 from agentenv.envs.python_tool import PythonToolEnv
+from agentenv.envs.python_tool.answers import math_verify_fn
 from agentenv.envs.python_tool.datasets import MathProblem
-from agentenv.envs.python_tool.grading import Grader, math_verify_fn
+from agentenv.envs.python_tool.grading import Grader
 from agentenv.sandboxes import SandboxLimits, create_sandbox
 from agentenv.tool_calls import HermesToolCallParser
 

@@ -24,9 +24,9 @@ from functools import lru_cache
 from typing import Any
 
 from agentenv.core import Env, StepResult, TaskSet
+from agentenv.envs.python_tool.answers import extract_last_boxed
 from agentenv.envs.python_tool.datasets import MathProblem
 from agentenv.envs.python_tool.env import PythonToolEnv
-from agentenv.envs.python_tool.grading import extract_last_boxed
 from agentenv.errors import ClosedError, ConfigError, DataError, ResetNeeded
 from agentenv.text_spaces import UnicodeText
 

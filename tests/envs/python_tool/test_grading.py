@@ -10,11 +10,10 @@ import time
 
 import pytest
 
+from agentenv.envs.python_tool.answers import extract_final_box_group, extract_last_boxed
 from agentenv.envs.python_tool.grading import (
     Grader,
     GradeResult,
-    extract_final_box_group,
-    extract_last_boxed,
     grade_answer,
     grade_answer_async,
 )
