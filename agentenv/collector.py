@@ -259,7 +259,7 @@ class RolloutCollector:
         self._reported: dict[str, int] = {}
 
     #: Seconds a wait for the next update lasts before a warning that no update came (and again each
-    #: as many seconds): 3.5x the CPU recipe's measured 85 s per update (12 updates in 17 minutes).
+    #: as many seconds): 3.5x the CPU recipe's 85 s per update on a busy 2-core VM (45 s idle).
     no_update_warning_s: float = 300.0
 
     def no_update_watch(self) -> NoUpdateWatch:

@@ -32,7 +32,7 @@ def test_an_old_optim_key_names_where_it_lives_now(override, new):
 
 def test_the_recipe_fills_all_three_sections():
     cfg, _ = parse_args([])
-    assert (cfg.optim.lr, cfg.optim.lr_schedule, cfg.optim.warmup_ratio) == (3e-5, "cosine", 0.2)
+    assert (cfg.optim.lr, cfg.optim.lr_schedule, cfg.optim.warmup_ratio) == (1.5e-5, "cosine", 0.2)
     assert (cfg.objective.name, cfg.objective.delta, cfg.objective.gate) == ("flash_reinforce", 0.15, "sequence")
     assert (cfg.learner.backend, cfg.learner.micro_batch_size, cfg.learner.max_tokens_per_micro_batch) == \
         ("single", 16, 512)

@@ -72,14 +72,17 @@ def test_the_default_recipe_runs_a_one_update_smoke_run_under_its_cosine_schedul
     cfg, _ = parse_args(["--updates", "1"])
     assert (cfg.optim.lr_schedule, warmup_length(cfg.optim, 1)) == ("cosine", 0)
     default, _ = parse_args([])
-    assert (default.run.updates, warmup_length(default.optim, default.run.updates)) == (12, 2)
-    # the lr of each of the default run's 12 updates: 1.5e-5, 3e-5, then cosine down to 3e-6 at the last
+    assert (default.run.updates, warmup_length(default.optim, default.run.updates)) == (24, 4)
+    # the lr of each of the default run's 24 updates: a quarter of 1.5e-5 more per warm-up update, then
+    # cosine down to 1.5e-6 at the last
     o = default.optim
-    lrs = [o.lr * lr_factor(s, schedule=o.lr_schedule, warmup_steps=2, total_steps=12, min_lr_ratio=o.min_lr_ratio)
-           for s in range(12)]
-    by_hand = [1.5e-5, 3e-5] + [3e-6 + 2.7e-5 * (1 + math.cos(math.pi * k / 10)) / 2 for k in range(1, 11)]
+    lrs = [o.lr * lr_factor(s, schedule=o.lr_schedule, warmup_steps=4, total_steps=24, min_lr_ratio=o.min_lr_ratio)
+           for s in range(24)]
+    by_hand = [3.75e-6, 7.5e-6, 1.125e-5, 1.5e-5] + [1.5e-6 + 1.35e-5 * (1 + math.cos(math.pi * k / 20)) / 2
+                                                     for k in range(1, 21)]
     assert lrs == pytest.approx(by_hand, rel=1e-12)
-    assert lrs[-1] == pytest.approx(3e-6) and lrs[6] == pytest.approx(1.65e-5)  # halfway: the mean of 3e-5 and 3e-6
+    # halfway through the decay: the mean of 1.5e-5 and 1.5e-6
+    assert lrs[-1] == pytest.approx(1.5e-6) and lrs[13] == pytest.approx(8.25e-6)
 
 
 @pytest.mark.parametrize(

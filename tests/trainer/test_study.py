@@ -252,8 +252,19 @@ def test_bad_input_is_a_clear_error_before_anything_runs(tmp_path, capsys, monke
 def test_a_wall_clock_study_has_seconds_and_an_equal_updates_study_updates():
     from agentenv.trainer.experiments import study
 
-    assert study.budget(STUDIES["staleness_wall_clock"], quick=False) == (study.WALL_CLOCK_UPDATES, 600.0)
+    assert study.budget(STUDIES["staleness_wall_clock"], quick=False) == (None, 600.0)
     assert study.budget(STUDIES["signed_feedback"], quick=True) == (2, None)
+    assert study.budget(STUDIES["signed_feedback"], quick=False) == (None, None)
+
+
+def test_every_setting_keeps_the_default_lr_schedule(tmp_path):
+    # the recipe's horizon: a wall-clock setting that sets no run.updates of its own warms up over 4
+    # updates and decays over 24, as the default does (an unbounded horizon would keep its lr near 0)
+    from agentenv.trainer.lr_schedule import warmup_length
+
+    for name in ("staleness_wall_clock", "signed_feedback"):
+        for _, cfg in setting_configs(STUDIES[name], tmp_path, quick=False):
+            assert (cfg.run.updates, warmup_length(cfg.optim, cfg.run.updates)) == (24, 4)
 
 
 def _finished_setting(run, cfg, seconds=None, *, success=0.5):

@@ -24,8 +24,8 @@ QUICK_OVERRIDES = ("warmup.steps=1", "run.batch_size=4", "run.concurrency=4", "r
                    "optim.step_on_zero_gradient=true")
 QUICK_UPDATES = 2
 #: The wall-clock studies' budget per setting (seconds of the update loop; model load, warm-up cache
-#: and the held-out evaluations are outside it): 12 updates of the default recipe take 8-14 minutes
-#: on the idle 2-core VM. With the evaluation after the budget (about 6 minutes for 200 problems)
+#: and the held-out evaluations are outside it): about a third of the default recipe's 24 updates on
+#: the idle 2-core VM. With the evaluation after the budget (about 6 minutes for 200 problems)
 #: and the model load, the two studies' ten settings take about 170 minutes.
 WALL_CLOCK_S = 600.0
 QUICK_SECONDS = 90.0
@@ -70,7 +70,9 @@ class Study:
         claim: The paper's claim, in one line (study.md quotes it).
         settings: The arms; ``--quick`` runs the first two.
         figures: Table columns (keys of :data:`FIGURES`); the first is the study's own plot.
-        updates: Equal-updates budget per setting (ignored when ``seconds`` is set).
+        updates: Equal-updates budget per setting; None: the base recipe's ``run.updates``. Under
+            ``seconds`` it is the lr schedule's horizon and an upper bound that no setting reaches
+            within the budget on the 2-core VM (sync 5, async 7-9 updates in 600 s).
         seconds: Equal wall-clock budget per setting (update-loop seconds), or None.
         not_runnable: Why the study cannot run yet, or None.
         extra: Overrides for every setting of this study (over the base task).
@@ -80,7 +82,7 @@ class Study:
     claim: str
     settings: tuple[Setting, ...]
     figures: tuple[str, ...]
-    updates: int = 12
+    updates: int | None = None
     seconds: float | None = None
     not_runnable: str | None = None
     extra: tuple[str, ...] = ()

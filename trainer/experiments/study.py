@@ -51,10 +51,6 @@ from agentenv.trainer.run_process import train_in_child
 
 __all__ = ["get_study", "main", "run_study", "setting_configs", "study_row", "wilson_interval"]
 
-#: Updates a wall-clock setting may take at most (its budget is seconds).
-WALL_CLOCK_UPDATES = 100_000
-
-
 def wilson_interval(successes: float, n: int) -> tuple[float, float]:
     """95% Wilson score interval of a success rate ``successes / n`` (Wilson 1927; good at p near 0 or 1).
 
@@ -83,11 +79,15 @@ def get_study(name: str) -> Study:
     return study
 
 
-def budget(study: Study, quick: bool) -> tuple[int, float | None]:
-    """``(updates, seconds)`` per setting: equal updates, or equal wall-clock seconds (updates unbounded)."""
-    if study.seconds is not None:
-        return WALL_CLOCK_UPDATES, QUICK_SECONDS if quick else study.seconds
-    return (QUICK_UPDATES if quick else study.updates), None
+def budget(study: Study, quick: bool) -> tuple[int | None, float | None]:
+    """``(updates, seconds)`` per setting: equal updates, or equal wall-clock seconds.
+
+    ``updates`` None is the base recipe's ``run.updates``: the lr schedule's horizon (a wall-clock
+    setting keeps it, so that its warm-up and decay are the default's, and stops when its seconds are
+    spent).
+    """
+    seconds = (QUICK_SECONDS if quick else study.seconds) if study.seconds is not None else None
+    return (QUICK_UPDATES if quick else study.updates), seconds
 
 
 def setting_configs(study: Study, root: Path, *, quick: bool, overrides: Sequence[str] = ()
@@ -103,9 +103,7 @@ def setting_configs(study: Study, root: Path, *, quick: bool, overrides: Sequenc
                                                   *study.extra])
     out = []
     for setting in study.settings[:2] if quick else study.settings:
-        more = [f"run.updates={updates}", f"run.run_dir={root / setting.name}"]
-        if seconds is not None:
-            more.append(f"run.max_batches={4 * WALL_CLOCK_UPDATES}")
+        more = [f"run.run_dir={root / setting.name}"] + ([f"run.updates={updates}"] if updates is not None else [])
         try:
             cfg = load_config(TrainConfig, apply_overrides(base, [*setting.overrides, *overrides, *more]))
         except ConfigError as exc:
@@ -422,8 +420,9 @@ def table(study: Study, rows: list[dict[str, Any]]) -> str:
 
 def scale(cfg: TrainConfig, study: Study, quick: bool) -> str:
     """One line saying at what scale the study ran (model, task, B, budget, held-out problems, overrides)."""
-    updates, seconds = budget(study, quick)
-    spent = f"{seconds:.0f} s of wall-clock per setting" if seconds is not None else f"{updates} updates per setting"
+    _, seconds = budget(study, quick)
+    spent = (f"{seconds:.0f} s of wall-clock per setting" if seconds is not None
+             else f"{cfg.run.updates} updates per setting")
     return (f"model {cfg.model.name or 'SmolLM2-135M-Instruct (embedded)'}, task {cfg.env.id}/"
             f"{cfg.env.kwargs.get('dataset')}, B = {cfg.run.batch_size}, {spent}, "
             f"{cfg.eval.problems} held-out problems ({cfg.env.eval_kwargs.get('dataset')})"
