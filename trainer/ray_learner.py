@@ -66,8 +66,8 @@ class RayLearnerGroup:
         first = actor_cls.remote(world_size, 0, master_addr, None)
         addr, port = ray.get(first.get_master_addr_port.remote())
         self.actors = [first] + [actor_cls.remote(world_size, r, addr, port) for r in range(1, world_size)]
-        settings = (optim, objective, execution, backend)
-        ray.get([a.init_learner.remote(model_factory, settings, sampling, total_steps) for a in self.actors])
+        ray.get([a.init_learner.remote(model_factory, optim, backend, sampling, total_steps, objective, execution)
+                 for a in self.actors])
         self._version = 0
 
     def _all(self, method: str, *args: Any, **kwargs: Any) -> Any:
@@ -161,11 +161,13 @@ class _LearnerActor:
     def init_learner(
         self,
         model_factory: Callable[[], nn.Module],
-        settings: tuple[OptimConfig, ObjectiveConfig | None, LearnerConfig | None, OpenRLHFBackendConfig],
+        optim: OptimConfig,
+        backend: OpenRLHFBackendConfig,
         sampling: SamplingTransform | None = None,
         total_steps: int | None = None,
+        objective: ObjectiveConfig | None = None,
+        execution: LearnerConfig | None = None,
     ) -> None:
-        optim, objective, execution, backend = settings
         self.learner = OpenRLHFLearner(model_factory(), optim, backend, objective=objective, execution=execution,
                                        sampling=sampling, total_steps=total_steps)
 

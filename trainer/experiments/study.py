@@ -86,8 +86,9 @@ def budget(study: Study, quick: bool) -> tuple[int | None, float | None]:
     setting keeps it, so that its warm-up and decay are the default's, and stops when its seconds are
     spent).
     """
-    seconds = (QUICK_SECONDS if quick else study.seconds) if study.seconds is not None else None
-    return (QUICK_UPDATES if quick else study.updates), seconds
+    if study.seconds is not None:
+        return study.updates, QUICK_SECONDS if quick else study.seconds
+    return (QUICK_UPDATES if quick else study.updates), None
 
 
 def setting_configs(study: Study, root: Path, *, quick: bool, overrides: Sequence[str] = ()
