@@ -1,6 +1,6 @@
 """Asynchronous vs synchronous training at equal updates: wall-clock, busy time of each part, overlap bound.
 
-``recipe.train()`` runs unchanged twice, once with ``run.mode=sync`` (the baseline: collect B
+``trainer.train.train()`` runs unchanged twice, once with ``run.mode=sync`` (the baseline: collect B
 episodes, then update) and once with ``run.mode=async`` (PACE, ``drift_mode=token_share`` as in the
 CPU recipe), for the same number of updates, each after a discarded one-update warm-up run. The
 parts are real: RolloutCollector, TrajectoryPool, the TransformersEngine and the single-process
@@ -32,6 +32,7 @@ import torch
 
 from agentenv.core import Env, StepResult
 from agentenv.trainer import recipe, setup
+from agentenv.trainer import train as train_loop
 
 EOT = 1000  # the renderer's end-of-turn token
 
@@ -98,7 +99,7 @@ def run(args: argparse.Namespace, mode: str, updates: int, folder: Path) -> dict
     """One training run; returns its summary (``overlap/*`` figures included)."""
     cfg, _ = recipe.parse_args(["--run-dir", str(folder / f"{mode}-{updates}"), *overrides(args, mode, updates)])
     run_dir = recipe.prepare_run_dir(cfg, resume=False, overwrite=False)
-    summary = asyncio.run(asyncio.wait_for(recipe.train(cfg, run_dir), 150))
+    summary = asyncio.run(asyncio.wait_for(train_loop.train(cfg, run_dir), 150))
     if summary["updates"] != updates:
         raise RuntimeError(f"{mode}: {summary['updates']} updates instead of {updates}")
     return summary

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 from agentenv.collector import NoUpdateWatch, RolloutCollector
 from agentenv.rollout import RolloutConfig
-from agentenv.trainer.recipe import next_batch
+from agentenv.trainer.batch_wait import next_batch
 from tests.fakes import CharRenderer, CountdownEnv, FakeClock, ScriptedEngine
 
 

@@ -1,7 +1,7 @@
 """One training run in a child process of its own (``agentenv study`` and ``agentenv compare``).
 
 A command that trains several runs one after the other gives each a fresh process, so whatever a
-run leaves in memory when :func:`agentenv.trainer.recipe.train` returns (the allocator's heap, the
+run leaves in memory when :func:`agentenv.trainer.train.train` returns (the allocator's heap, the
 weight snapshots of ``staleness.forced_lag``, caches) cannot add up over the runs: in one process,
 ``agentenv study gate_under_lag``'s second setting passed 24 GB and was killed. A run killed from
 outside (the out-of-memory killer) is reported with its name instead of ending the command without
@@ -125,7 +125,7 @@ async def train_until_stopped(cfg: TrainConfig, run_dir: Path, *, resume: bool, 
     run is evaluated on the held-out tasks after it, as one that reached its updates. Returns True
     when Ctrl-C (or SIGTERM) stopped it.
     """
-    from agentenv.trainer.recipe import train
+    from agentenv.trainer.train import train
 
     user = asyncio.Event()
     loop = asyncio.get_running_loop()

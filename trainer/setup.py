@@ -6,7 +6,7 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +16,7 @@ from tqdm.auto import tqdm
 from agentenv.chat import ChatRenderer
 from agentenv.configio import to_dict
 from agentenv.core import Env, has_scripted_demonstrations
+from agentenv.engines.supervised import rebuild_from_learner
 from agentenv.errors import ConfigError
 from agentenv.paths import cache_dir
 from agentenv.registration import checked_arguments, make, spec
@@ -87,7 +88,7 @@ def shortfall(cfg: TrainConfig, summary: dict[str, Any]) -> str | None:
 
     Args:
         cfg: The run's config (``run.updates``, ``run.batch_limit``).
-        summary: :func:`agentenv.trainer.recipe.train`'s summary (``updates``, ``interrupted``, ``budget_spent``).
+        summary: :func:`agentenv.trainer.train.train`'s summary (``updates``, ``interrupted``, ``budget_spent``).
     """
     done, asked = int(summary.get("updates", 0)), cfg.run.updates
     if done >= asked or summary.get("interrupted") or (done > 0 and summary.get("budget_spent")):
@@ -252,7 +253,7 @@ def build_engine(cfg: TrainConfig, model: torch.nn.Module, tokenizer: Any) -> Ge
 
 @dataclass(frozen=True)
 class LoopParts:
-    """How :func:`agentenv.trainer.recipe.train` builds the parts of its loop, each from the run's config.
+    """How :func:`agentenv.trainer.train.train` builds the parts of its loop, each from the run's config.
 
     Every field defaults to this module's builder of the config's part; a caller (a test, an
     experiment) passes its own to run the loop on a fake engine, a recording learner or a scripted
@@ -264,8 +265,10 @@ class LoopParts:
         env_factory: ``(cfg, renderer=None) -> () -> Env``: builds the training environments; called
             once without a renderer to check the config before the model loads (:func:`env_factory`).
         build_learner: ``(cfg, model) -> PolicyLearner`` (:func:`build_learner`).
-        build_engine: ``(cfg, model, tokenizer) -> engine`` serving ``model`` at version 0; called again
-            with the learner's latest weights when an engine dies (:func:`build_engine`).
+        build_engine: ``(cfg, model, tokenizer) -> engine`` serving ``model`` at version 0 (:func:`build_engine`).
+        rebuild_engine: ``async (dead, learner, build) -> engine``: a fresh engine serving the learner's
+            latest weights when one dies, ``build`` being ``model -> engine``
+            (:func:`agentenv.engines.supervised.rebuild_from_learner`).
     """
 
     # looked up when a LoopParts is made, so a process that replaced a builder in this module gets it
@@ -275,6 +278,7 @@ class LoopParts:
         default_factory=lambda: build_learner)
     build_engine: Callable[[TrainConfig, torch.nn.Module, Any], GenerationEngine] = field(
         default_factory=lambda: build_engine)
+    rebuild_engine: Callable[..., Awaitable[GenerationEngine]] = field(default_factory=lambda: rebuild_from_learner)
 
 
 # -- logging --------------------------------------------------------------------------------------

@@ -37,12 +37,13 @@ def waits(cfg, run_dir: str, resume: bool, seconds) -> None:
     """The real child body around a run that waits up to a minute for its stop (a run still training)."""
     import asyncio
 
-    from agentenv.trainer import recipe, run_process
+    from agentenv.trainer import run_process
+    from agentenv.trainer import train as train_loop
 
     async def trains_until_stopped(cfg, run_dir, *, resume, stop, loop_seconds):
         await asyncio.wait_for(stop.wait(), 60)
 
-    recipe.train = trains_until_stopped  # in this child only
+    train_loop.train = trains_until_stopped  # in this child only
     run_process._child(cfg, run_dir, resume, seconds)
 
 
@@ -54,24 +55,26 @@ def terminated(cfg, run_dir: str, resume: bool, seconds) -> None:
 def refused(cfg, run_dir: str, resume: bool, seconds) -> None:
     """The real child body on a run that cannot train: a clear error, exit status 2."""
     from agentenv.errors import ConfigError
-    from agentenv.trainer import recipe, run_process
+    from agentenv.trainer import run_process
+    from agentenv.trainer import train as train_loop
 
     async def cannot_train(*args, **kwargs):
         raise ConfigError("this run cannot train")
 
-    recipe.train = cannot_train  # in this child only
+    train_loop.train = cannot_train  # in this child only
     run_process._child(cfg, run_dir, resume, seconds)
 
 
 def interrupted_in_warm_up(cfg, run_dir: str, resume: bool, seconds) -> None:
     """The real child body on a run stopped by Ctrl-C during its warm-up (train raises Interrupted)."""
     from agentenv.errors import Interrupted
-    from agentenv.trainer import recipe, run_process
+    from agentenv.trainer import run_process
+    from agentenv.trainer import train as train_loop
 
     async def stopped_in_warm_up(*args, **kwargs):
         raise Interrupted("stopped during the tool-use warm-up after 3 of 16 steps (nothing cached)")
 
-    recipe.train = stopped_in_warm_up  # in this child only
+    train_loop.train = stopped_in_warm_up  # in this child only
     run_process._child(cfg, run_dir, resume, seconds)
 
 

@@ -1,6 +1,6 @@
 """Fault injection on the real parts, mid-run: the run finishes its updates and every task is accounted for.
 
-``recipe.train()`` runs for real (collector, pool, learner on a 1-layer random Llama, metrics, final
+``trainer.train.train()`` runs for real (collector, pool, learner on a 1-layer random Llama, metrics, final
 checkpoint). One fault each, injected while the run trains:
 
 * engine: the real ``TransformersEngine`` (built by ``setup.build_engine``) on that Llama; its decode
@@ -40,6 +40,7 @@ from agentenv.envs.python_tool.datasets import MathProblem
 from agentenv.envs.python_tool.grading import _WORKER_COMMAND, Grader
 from agentenv.faults import FAULTS, reset_fault_points
 from agentenv.trainer import recipe
+from agentenv.trainer import train as train_loop
 from agentenv.trainer.checkpoint import latest_checkpoint
 from agentenv.trainer.setup import LoopParts
 from tests.fakes import EOT, CharRenderer, CountdownEnv, recording_learner
@@ -95,7 +96,7 @@ class ToolScriptEngine:
 
 @pytest.fixture
 def loop(tmp_path):
-    """Run ``recipe.train`` with an env factory and an engine builder; returns (summary, rows, batches)."""
+    """Run ``train()`` with an env factory and an engine builder; returns (summary, rows, batches)."""
     batches: list[list] = []
     reset_fault_points()
 
@@ -111,7 +112,7 @@ def loop(tmp_path):
         if watcher:
             watcher.start()
         try:
-            summary = asyncio.run(asyncio.wait_for(recipe.train(cfg, run_dir, parts=parts), 200))
+            summary = asyncio.run(asyncio.wait_for(train_loop.train(cfg, run_dir, parts=parts), 200))
         finally:
             stop.set()
             if watcher:

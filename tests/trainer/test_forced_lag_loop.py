@@ -1,6 +1,6 @@
 """``staleness.forced_lag`` in the real training loop: the engine gets each update's weights k versions late.
 
-``recipe.train()`` runs for real (collector, pool, next_batch, the single-process Learner on a random
+``trainer.train.train()`` runs for real (collector, pool, next_batch, the single-process Learner on a random
 1-layer Llama, staleness.jsonl) with the scripted engine of ``tests.fakes``, whose segments carry the
 version of the weights it serves. Every batch steps (``optim.step_on_zero_gradient``), so batch j is
 consumed at learner version j, and the versions can be computed by hand: with k = 2 the engine
@@ -16,7 +16,9 @@ import json
 import pytest
 import torch
 
+from agentenv.engines.supervised import rebuild_from_learner
 from agentenv.trainer import recipe
+from agentenv.trainer import train as train_loop
 from agentenv.trainer.setup import LoopParts
 from tests.fakes import CharRenderer, CountdownEnv, ScriptedEngine, recording_learner
 
@@ -65,7 +67,7 @@ def test_the_engine_lags_k_versions_and_the_recorded_staleness_shows_it(tmp_path
                                 "staleness.policy=none", f"staleness.forced_lag={K}",
                                 "optim.step_on_zero_gradient=true"])
     run_dir = recipe.prepare_run_dir(cfg, resume=False, overwrite=False)
-    summary = asyncio.run(asyncio.wait_for(recipe.train(cfg, run_dir, parts=parts), 90))
+    summary = asyncio.run(asyncio.wait_for(train_loop.train(cfg, run_dir, parts=parts), 90))
     assert summary["updates"] == 6 and len(batches) == 6
 
     # the engine got versions 1..4 (after updates 3..6), each exactly the learner's weights of that version
@@ -99,7 +101,7 @@ def test_every_gate_trains_under_the_lag_and_logs_its_admission(tmp_path, gate, 
                                 "staleness.policy=none", "staleness.forced_lag=1", f"objective.gate={gate}",
                                 f"objective.delta={delta}", "optim.step_on_zero_gradient=true"])
     run_dir = recipe.prepare_run_dir(cfg, resume=False, overwrite=False)
-    summary = asyncio.run(asyncio.wait_for(recipe.train(cfg, run_dir, parts=parts), 90))
+    summary = asyncio.run(asyncio.wait_for(train_loop.train(cfg, run_dir, parts=parts), 90))
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert summary["updates"] == 3 and len(rows) == 3
     # the scripted log-probs (-0.5 per token) are far from the random model's: D > 0, whatever the gate
@@ -116,16 +118,15 @@ def test_an_engine_rebuilt_under_the_lag_serves_the_lagged_weights(tmp_path, mon
 
     batches: list[list] = []
     rebuilds: list[tuple[int, int]] = []  # (version the rebuilt engine got, learner version then)
-    real_rebuild = recipe.rebuild_from_learner
 
     async def rebuild(dead, source, build):
         # under the learner lock: no update runs, so the learner's version is the number of batches so far
         rebuilds.append((source.version, len(batches)))
-        return await real_rebuild(dead, source, build)
+        return await rebuild_from_learner(dead, source, build)
 
-    monkeypatch.setattr(recipe, "rebuild_from_learner", rebuild)
     parts = LoopParts(load_policy=lambda cfg, **_: (tiny_lm(), None, CharRenderer()),  # the real TransformersEngine
-                      env_factory=lambda cfg, *_: CountdownEnv, build_learner=recording_learner(batches))
+                      env_factory=lambda cfg, *_: CountdownEnv, build_learner=recording_learner(batches),
+                      rebuild_engine=rebuild)
     reset_fault_points()
     # its decode thread dies mid-run, once it serves version 2: the learner is then at K + 2 (or K + 3)
     monkeypatch.setenv("AGENTENV_FAULT", "engine.decode:v2")
@@ -134,7 +135,7 @@ def test_an_engine_rebuilt_under_the_lag_serves_the_lagged_weights(tmp_path, mon
                                 "optim.step_on_zero_gradient=true", "model.max_batch_size=4"])
     run_dir = recipe.prepare_run_dir(cfg, resume=False, overwrite=False)
     try:
-        summary = asyncio.run(asyncio.wait_for(recipe.train(cfg, run_dir, parts=parts), 100))
+        summary = asyncio.run(asyncio.wait_for(train_loop.train(cfg, run_dir, parts=parts), 100))
     finally:
         reset_fault_points()
     assert summary["updates"] == 10

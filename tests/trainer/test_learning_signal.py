@@ -1,6 +1,6 @@
 """Learning guarded in CI: the real asynchronous loop raises the reward of a small task.
 
-``recipe.train()`` runs unchanged: the RolloutCollector plays a real environment through the real
+``trainer.train.train()`` runs unchanged: the RolloutCollector plays a real environment through the real
 TransformersEngine (a random 1-layer Llama, 1024 tokens, decoded by a one-character-per-token
 renderer), the TrajectoryPool selects batches with PACE, and the single-process Learner takes
 FlashREINFORCE steps whose weights go back to the engine, interrupting generation. The task: answer
@@ -24,6 +24,7 @@ import torch
 
 from agentenv.core import Env, StepResult
 from agentenv.trainer import recipe
+from agentenv.trainer import train as train_loop
 from agentenv.trainer.setup import LoopParts
 from tests.fakes import CharRenderer
 
@@ -67,7 +68,7 @@ def test_the_async_loop_learns_a_small_task(tmp_path):
                       env_factory=lambda cfg, *_: EvenCharEnv)
     cfg, _ = recipe.parse_args(["--run-dir", str(tmp_path / "run"), *OVERRIDES])
     run_dir = recipe.prepare_run_dir(cfg, resume=False, overwrite=False)
-    summary = asyncio.run(asyncio.wait_for(recipe.train(cfg, run_dir, parts=parts), 280))
+    summary = asyncio.run(asyncio.wait_for(train_loop.train(cfg, run_dir, parts=parts), 280))
     assert not summary["interrupted"]
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     rewards = [r["reward/mean"] for r in rows]

@@ -1,6 +1,6 @@
 """Failed episodes in the real training loop: never in a batch, counted, and a broken env stops the run.
 
-``recipe.train()`` runs for real (RolloutCollector, TrajectoryPool, next_batch, the single-process
+``trainer.train.train()`` runs for real (RolloutCollector, TrajectoryPool, next_batch, the single-process
 Learner on a random 2-layer Llama); only the model side is scripted: the ScriptedEngine and
 CharRenderer of ``tests.fakes`` and small environments that fail on purpose. Each run takes a few
 seconds; every test is bounded by a timeout.
@@ -19,6 +19,7 @@ import torch
 
 from agentenv.errors import AgentEnvError
 from agentenv.trainer import recipe, setup
+from agentenv.trainer import train as train_loop
 from agentenv.trainer.setup import LoopParts
 from tests.fakes import CharRenderer, CountdownEnv, ScriptedEngine, recording_learner
 
@@ -72,7 +73,7 @@ class FlakyEnv(CountdownEnv):
 
 @dataclass
 class Scripted:
-    """The loop's scripted model side: ``parts`` for ``recipe.train``, and the batches its learner trained on."""
+    """The loop's scripted model side: ``parts`` for ``train()``, and the batches its learner trained on."""
 
     batches: list
     parts: LoopParts
@@ -100,7 +101,7 @@ def scripted():
 def _train(tmp_path, env, scripted, *extra):
     cfg, _ = recipe.parse_args(["--run-dir", str(tmp_path / "run"), *OVERRIDES, *extra])
     run_dir = recipe.prepare_run_dir(cfg, resume=False, overwrite=False)
-    return asyncio.run(asyncio.wait_for(recipe.train(cfg, run_dir, parts=scripted.with_env(env)), 90)), run_dir
+    return asyncio.run(asyncio.wait_for(train_loop.train(cfg, run_dir, parts=scripted.with_env(env)), 90)), run_dir
 
 
 @pytest.mark.parametrize("mode", ["async", "sync"])
@@ -153,8 +154,8 @@ def recorded_evaluations(monkeypatch) -> list[str]:
     async def no_tasks(cfg):
         return []
 
-    monkeypatch.setattr(recipe, "held_out", held_out)
-    monkeypatch.setattr(recipe, "held_out_tasks", no_tasks)
+    monkeypatch.setattr(train_loop, "held_out", held_out)
+    monkeypatch.setattr(train_loop, "held_out_tasks", no_tasks)
     return evaluated
 
 
@@ -170,7 +171,7 @@ def test_a_spent_loop_budget_ends_the_run_complete_and_evaluated_and_ctrl_c_does
         stop = asyncio.Event()
         if user_stop:  # Ctrl-C before the budget is spent (3 s from train's start: model load included)
             asyncio.get_running_loop().call_later(3.0, stop.set)
-        return await recipe.train(cfg, run_dir, stop=stop, loop_seconds=1.0 if not user_stop else 60.0,
+        return await train_loop.train(cfg, run_dir, stop=stop, loop_seconds=1.0 if not user_stop else 60.0,
                                   parts=scripted.with_env(CountdownEnv))
 
     summary = asyncio.run(asyncio.wait_for(run(), 60))
@@ -191,13 +192,13 @@ def test_a_resumed_setting_with_no_budget_left_trains_nothing_and_is_evaluated_a
     async def stopped_by_ctrl_c():  # the first process: Ctrl-C (as if during its evaluation after)
         stop = asyncio.Event()
         asyncio.get_running_loop().call_later(3.0, stop.set)
-        return await recipe.train(cfg, run_dir, stop=stop, loop_seconds=60.0, parts=scripted.with_env(CountdownEnv))
+        return await train_loop.train(cfg, run_dir, stop=stop, loop_seconds=60.0, parts=scripted.with_env(CountdownEnv))
 
     first = asyncio.run(asyncio.wait_for(stopped_by_ctrl_c(), 60))
     assert first["interrupted"] and first["updates"] >= 1 and evaluated == ["before"]
     trained = len(scripted.batches)
     evaluated.clear()
-    second = asyncio.run(asyncio.wait_for(recipe.train(cfg, run_dir, resume=True, loop_seconds=0.0,
+    second = asyncio.run(asyncio.wait_for(train_loop.train(cfg, run_dir, resume=True, loop_seconds=0.0,
                                                        parts=scripted.with_env(CountdownEnv)), 60))
     # nothing left of the budget: no update, and the run that trained before is evaluated after all
     assert len(scripted.batches) == trained and second["updates"] == first["updates"]
@@ -223,7 +224,7 @@ def test_the_entropy_probe_scores_the_same_rows_after_every_update(tmp_path, scr
                                 "run.entropy_probe=3", "optim.step_on_zero_gradient=true"])
     run_dir = recipe.prepare_run_dir(cfg, resume=False, overwrite=False)
     parts = replace(scripted.with_env(CountdownEnv), build_learner=probing)
-    summary = asyncio.run(asyncio.wait_for(recipe.train(cfg, run_dir, parts=parts), 90))
+    summary = asyncio.run(asyncio.wait_for(train_loop.train(cfg, run_dir, parts=parts), 90))
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert summary["updates"] == 3 and len(probed) == 3
     # three rows of the first batch, the same ones after every update

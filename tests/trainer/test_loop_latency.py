@@ -1,6 +1,6 @@
 """The event loop keeps serving episodes while the learner scores, steps, copies weights and checkpoints.
 
-``recipe.train()`` runs for real (collector, pool with PACE scoring, next_batch, the single-process
+``trainer.train.train()`` runs for real (collector, pool with PACE scoring, next_batch, the single-process
 Learner on a random 1-layer Llama, checkpoints every update) with the scripted engine of
 ``tests.fakes``. Each blocking part of an update is made ``BLOCK_S`` seconds longer with a blocking
 sleep; a probe coroutine measures how late the loop wakes it. Off the loop, that lag stays a small
@@ -18,6 +18,7 @@ import time
 import pytest
 
 from agentenv.trainer import recipe, setup
+from agentenv.trainer import train as train_loop
 from agentenv.trainer.setup import LoopParts
 from tests.fakes import CharRenderer, CountdownEnv, ScriptedEngine
 
@@ -60,7 +61,7 @@ def test_scoring_weight_copy_and_checkpoint_run_off_the_event_loop(tmp_path):
     lags: list[tuple[float, float]] = []  # (wake-up time, lag)
 
     async def main():
-        training = asyncio.ensure_future(recipe.train(cfg, run_dir, parts=parts))
+        training = asyncio.ensure_future(train_loop.train(cfg, run_dir, parts=parts))
         while not training.done():
             t = time.monotonic()
             await asyncio.sleep(0.01)

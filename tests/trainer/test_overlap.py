@@ -1,7 +1,7 @@
 """Busy time of the engine, the environments and the learner, and the overlap bound of a run.
 
 The pure parts (:func:`overlap`, :class:`LoopBusy`, :class:`BusyTrackingEnv`) run on hand-made clocks
-and hand-computed figures; then ``recipe.train()`` runs for real (collector, pool, the real
+and hand-computed figures; then ``trainer.train.train()`` runs for real (collector, pool, the real
 TransformersEngine and single-process Learner on a random 1-layer Llama, a one-step environment
 with a 5 ms "tool call") in both modes, and the logged figures are checked against the summary.
 """
@@ -17,6 +17,7 @@ import pytest
 from agentenv.core import Env, StepResult
 from agentenv.engines.busy import BusyClock
 from agentenv.trainer import recipe
+from agentenv.trainer import train as train_loop
 from agentenv.trainer.overlap import BusyTrackingEnv, LoopBusy, overlap, timed_env_factory
 from agentenv.trainer.setup import LoopParts
 from tests.fakes import CharRenderer, FakeClock
@@ -163,7 +164,7 @@ def run_loop(tmp_path, mode):
                       env_factory=lambda cfg, *_: SlowToolEnv)
     cfg, _ = recipe.parse_args(["--run-dir", str(tmp_path / mode), *OVERRIDES, f"run.mode={mode}"])
     run_dir = recipe.prepare_run_dir(cfg, resume=False, overwrite=False)
-    summary = asyncio.run(asyncio.wait_for(recipe.train(cfg, run_dir, parts=parts), 100))
+    summary = asyncio.run(asyncio.wait_for(train_loop.train(cfg, run_dir, parts=parts), 100))
     assert summary["updates"] == 3 and not summary["interrupted"]
     saved = json.loads((run_dir / "summary.json").read_text())
     assert saved["overlap/bound"] == summary["overlap/bound"]

@@ -151,7 +151,7 @@ def test_resume_keeps_the_saved_config_except_what_its_command_line_says(tmp_pat
 async def test_held_out_evaluation_is_cancelled_by_stop_and_writes_nothing(tmp_path, monkeypatch):
     import asyncio
 
-    from agentenv.trainer import recipe
+    from agentenv.trainer import train as train_loop
 
     started = asyncio.Event()
 
@@ -159,10 +159,10 @@ async def test_held_out_evaluation_is_cancelled_by_stop_and_writes_nothing(tmp_p
         started.set()
         await asyncio.sleep(3600)
 
-    monkeypatch.setattr(recipe, "evaluate_held_out", forever)
+    monkeypatch.setattr(train_loop, "evaluate_held_out", forever)
     cfg, _ = parse_args([])
     stop = asyncio.Event()
-    task = asyncio.ensure_future(recipe.held_out(cfg, None, None, tmp_path, "before", stop))
+    task = asyncio.ensure_future(train_loop.held_out(cfg, None, None, tmp_path, "before", stop))
     await asyncio.wait_for(started.wait(), 5)
     stop.set()
     assert await asyncio.wait_for(task, 5) is None
@@ -174,7 +174,7 @@ async def test_a_run_whose_episodes_all_fail_stops_with_the_error():
     from types import SimpleNamespace
 
     from agentenv.errors import AgentEnvError
-    from agentenv.trainer.recipe import failure_limit, next_batch
+    from agentenv.trainer.batch_wait import failure_limit, next_batch
 
     cfg, _ = parse_args(["run.concurrency=2"])
     from agentenv.collector import NoUpdateWatch

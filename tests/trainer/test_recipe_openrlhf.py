@@ -95,8 +95,9 @@ def train_then_resume(run_dir: str, overrides: list[str], parts=None) -> dict:
     from dataclasses import replace
     from pathlib import Path
 
-    from agentenv.trainer.recipe import parse_args, prepare_run_dir, train
+    from agentenv.trainer.recipe import parse_args, prepare_run_dir
     from agentenv.trainer.setup import LoopParts
+    from agentenv.trainer.train import train
 
     calls: list[dict] = []
     parts = parts or LoopParts()

@@ -2,7 +2,7 @@
 truncated checkpoint, a pool or run state of another format, logged updates without a checkpoint; and
 it continues an older checkpoint and the task stream it records (trainer/resume.py).
 
-``recipe.train()`` runs for real on the scripted model side of ``test_loop_failures`` (a few seconds
+``trainer.train.train()`` runs for real on the scripted model side of ``test_loop_failures`` (a few seconds
 a run); the killed-process version of these checks is ``test_resume_kill.py``.
 """
 
@@ -21,6 +21,7 @@ from agentenv.errors import CheckpointError, DataError, RunFolderError
 from agentenv.pool import TrajectoryPool
 from agentenv.rollout import RolloutConfig
 from agentenv.trainer import recipe
+from agentenv.trainer import train as train_loop
 from tests.fakes import CharRenderer, CountdownEnv, ScriptedEngine
 
 from .test_loop_failures import OVERRIDES, scripted_parts
@@ -29,14 +30,14 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def _run(tmp_path, *extra, resume=False, name="run"):
-    """``recipe.train`` of ``tmp_path / name`` on the scripted model side, with :class:`SlowCountdownEnv`."""
+    """``train()`` of ``tmp_path / name`` on the scripted model side, with :class:`SlowCountdownEnv`."""
     argv = ["--run-dir", str(tmp_path / name), *OVERRIDES, "run.checkpoint_every=1", *extra]
     cfg, args = recipe.parse_args(argv + (["--resume"] if resume else []))
     run_dir = recipe.prepare_run_dir(cfg, resume=resume, overwrite=False)
     if resume:
         cfg = recipe.resumed_config(run_dir, args.overrides)
     parts = replace(scripted_parts([]), env_factory=lambda cfg, *_: SlowCountdownEnv)
-    return asyncio.run(asyncio.wait_for(recipe.train(cfg, run_dir, resume=resume, parts=parts), 90))
+    return asyncio.run(asyncio.wait_for(train_loop.train(cfg, run_dir, resume=resume, parts=parts), 90))
 
 
 class SlowCountdownEnv(CountdownEnv):

@@ -11,7 +11,8 @@ import time
 import pytest
 
 from agentenv.errors import AgentEnvError
-from agentenv.trainer import recipe, run_process
+from agentenv.trainer import run_process
+from agentenv.trainer import train as train_loop
 from tests.fakes import run_children
 
 
@@ -23,7 +24,7 @@ def test_the_wall_clock_budget_ends_a_run_and_is_not_a_user_stop(monkeypatch):
         await asyncio.sleep(loop_seconds)
         assert not stop.is_set()  # the budget is not a user's stop: the run is evaluated after it
 
-    monkeypatch.setattr(recipe, "train", fake_train)
+    monkeypatch.setattr(train_loop, "train", fake_train)
     t0 = time.monotonic()
     assert asyncio.run(run_process.train_until_stopped(None, None, resume=True, seconds=0.2)) is False
     assert seen == {"resume": True, "loop_seconds": 0.2} and time.monotonic() - t0 < 2
