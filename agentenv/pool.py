@@ -110,7 +110,7 @@ class SelectionDecision:
     order) candidates only; all staleness values in policy versions. ``f`` is NaN (``None`` in the
     record) where no drift was computed, ``w`` and ``s_eff`` NaN where not used by the policy. Under
     ``none``/``max_lag`` ``w`` is 1 and ``s_eff`` is the quantity compared with the cap (the oldest
-    token's lag, or ``S`` under ``max_lag_measure="mean"``).
+    token's lag).
     """
 
     step: int
@@ -165,7 +165,7 @@ class BatchSelection:
         decision: The logged decision record.
         scores: ``pace`` scoring mode only: the scoring pass's ``(T_i,)`` current log-probabilities for
             each batch member (aligned with ``batch``), for the FlashREINFORCE gate's ``q``; else None.
-        requeue_task_ids: Task ids of ``rejected`` when ``requeue_rejected`` is set, else ``[]``.
+        requeue_task_ids: Task ids of ``rejected``, to be played again.
     """
 
     batch: list[Trajectory]
@@ -372,7 +372,7 @@ class TrajectoryPool:
             return (groups[:, None] * g + np.arange(g)).reshape(-1).astype(np.int64)
 
         if cfg.policy == "max_lag":
-            lag = ws + gs if cfg.max_lag_measure == "mean" else (current_version - c["v_min"]).astype(float)
+            lag = (current_version - c["v_min"]).astype(float)  # the oldest token's lag
             w, s_eff = np.ones(n), lag
             reject = rows_of(np.flatnonzero((lag > cfg.max_lag).reshape(n_groups, g).any(axis=1)))
         elif cfg.policy in ("none", "sync"):
@@ -420,8 +420,7 @@ class TrajectoryPool:
             keep[chosen] = False
             self._remove(keep, dec.sel_ids + dec.rej_ids)
             self._step += 1
-        requeue = [t.task_id for t in rejected] if cfg.requeue_rejected else []
-        return BatchSelection(batch, rejected, dec, scores, requeue)
+        return BatchSelection(batch, rejected, dec, scores, [t.task_id for t in rejected])
 
     def _sync_version(self, version: int) -> None:
         """Drop the scores and drifts of another version (``f`` is valid where ``f_ver == version``)."""

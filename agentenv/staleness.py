@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
@@ -31,28 +32,29 @@ from agentenv.errors import ConfigError, DataError
 
 POLICIES = ("sync", "none", "max_lag", "pace")
 DRIFT_MODES = ("scoring", "token_share")
-LAG_MEASURES = ("oldest", "mean")
 
 
 @dataclass(frozen=True)
 class StalenessConfig:
-    """How the trajectory pool filters stale trajectories (docs/algorithms.md, "Staleness policies")."""
+    """How the trajectory pool filters stale trajectories (docs/algorithms.md, "Staleness policies").
+
+    A rejected trajectory's task is always played again (the loop requeues it), so that rejections
+    never starve the tasks whose episodes run long.
+    """
+
+    MOVED_FIELDS: ClassVar[dict[str, str]] = {
+        "requeue_rejected": "always on (a rejected trajectory's task is played again)",
+        "max_lag_measure": "always the oldest token's lag (staleness.max_lag)",
+    }
 
     policy: str = "pace"
     """``"pace"`` (adaptive budget on effective staleness), ``"max_lag"`` (fixed cap), ``"none"``
     (unfiltered asynchronous), or ``"sync"`` (the loop runs generation and training without overlap;
     the pool then selects like ``"none"``)."""
     max_lag: float = 4.0
-    """``max_lag`` policy: reject candidates whose staleness exceeds this (policy versions, inclusive cap)."""
-    max_lag_measure: str = "oldest"
-    """``max_lag`` policy: what is compared with the cap. ``"oldest"`` (default): the lag of the
-    trajectory's oldest token, ``v_now - min_t v_t``, so no consumed token is more than ``max_lag``
-    versions old (the usual per-sample cap of other frameworks); ``"mean"``: the token-averaged
-    ``S = GS + WS``, which admits single tokens older than the cap (``S = 2`` can hold a token 5
-    versions old).
-
-    .. versionchanged:: the default is ``"oldest"`` (it was ``"mean"``), and ``"oldest"`` is the
-       name of what was called ``"max"``."""
+    """``max_lag`` policy: reject candidates whose oldest token is more than this many policy versions
+    old, ``v_now - min_t v_t > max_lag`` (an inclusive cap on every token, the usual per-sample cap of
+    other frameworks; the token average ``S = GS + WS`` would admit single tokens older than the cap)."""
     gamma: float = 4.0
     """``pace``: exponent of the percentile-rank weight ``w_i = u_i ** gamma`` (> 0)."""
     beta: float = 0.9
@@ -64,8 +66,6 @@ class StalenessConfig:
     """``pace``: ``"scoring"`` weights GS by the percentile rank of the prefix drift from a scoring pass
     of the current learner (needs a ``drift_scorer``); ``"token_share"`` (the cheap mode, called
     ``pace_share`` in the simulator) weights GS by the token share of segments older than the newest."""
-    requeue_rejected: bool = True
-    """Whether the loop should put a rejected trajectory's task back in the task queue."""
     forced_lag: int = 0
     """Forced policy lag ``k`` (policy versions; 0 = off): the generation engine serves the learner's
     weights ``k`` versions late (:mod:`agentenv.forced_lag`), so after the first ``k`` updates every
@@ -84,10 +84,6 @@ class StalenessConfig:
             raise ConfigError(f"staleness.policy must be one of {POLICIES}, got {self.policy!r}")
         if self.drift_mode not in DRIFT_MODES:
             raise ConfigError(f"staleness.drift_mode must be one of {DRIFT_MODES}, got {self.drift_mode!r}")
-        if self.max_lag_measure not in LAG_MEASURES:
-            raise ConfigError(
-                f"staleness.max_lag_measure must be one of {LAG_MEASURES}, got {self.max_lag_measure!r}"
-            )
         for name in ("max_lag", "gamma", "beta"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
@@ -101,8 +97,6 @@ class StalenessConfig:
         t = self.target_occupancy
         if t is not None and (isinstance(t, bool) or not isinstance(t, int) or t < 1):
             raise ConfigError(f"staleness.target_occupancy must be None or an int >= 1, got {t!r}")
-        if not isinstance(self.requeue_rejected, bool):
-            raise ConfigError(f"staleness.requeue_rejected must be a bool, got {self.requeue_rejected!r}")
         k = self.forced_lag
         if isinstance(k, bool) or not isinstance(k, int) or k < 0:
             raise ConfigError(f"staleness.forced_lag must be an int >= 0 (policy versions), got {k!r}")

@@ -2,7 +2,7 @@
 
 Rows that start with the same tokens (every python_tool episode starts with the same ~300-token
 system prompt and tool schemas) need that prefix computed once per micro-batch, not once per row
-(``OptimConfig.share_prefix``, :func:`agentenv.trainer.forward.token_logprobs`). This benchmark times
+(:func:`agentenv.trainer.forward.token_logprobs`). This benchmark times
 one forward + backward of the summed policy-token log-probability through the shipped
 ``token_logprobs`` for:
 

@@ -178,44 +178,31 @@ def test_sync_selects_like_none():
     assert ids(pool.select_batch(2, 10).batch) == ["A", "B"]
 
 
-def test_max_lag_mean_cap_is_inclusive():
-    # S: A 4, B 3.5, C 1.75, D 5; cap 3.5 -> reject A and D, B (== cap) stays
-    pool = pool_of(StalenessConfig(policy="max_lag", max_lag=3.5, max_lag_measure="mean"), four())
-    sel = pool.select_batch(2, 10)
-    assert ids(sel.rejected) == ["A", "D"] and ids(sel.batch) == ["B", "C"]
-
-
-def test_max_lag_oldest_token_lag():
-    # v_now - min version: A 4, B 8, C 4, D 9; cap 4 -> reject B, D
-    pool = pool_of(StalenessConfig(policy="max_lag", max_lag=4, max_lag_measure="oldest"), four())
+def test_max_lag_caps_the_oldest_token_lag_inclusively():
+    # v_now - min version: A 4, B 8, C 4, D 9; cap 4 -> reject B, D; A and C (== cap) stay
+    pool = pool_of(StalenessConfig(policy="max_lag", max_lag=4), four())
     sel = pool.select_batch(2, 10)
     assert ids(sel.rejected) == ["B", "D"] and ids(sel.batch) == ["A", "C"]
     np.testing.assert_allclose(sel.decision.rej["s_eff"], [8.0, 9.0])
 
 
-def test_max_lag_by_default_caps_the_oldest_token_not_the_mean():
+def test_max_lag_caps_the_oldest_token_not_the_mean():
     # E: 1 token at v5 then 19 at v10, completed at v10; v_now 10: S = 5/20 = 0.25, oldest token 5 versions old
     old_token = make_traj("E", 10, [(1, 5), (19, 10)])
     fresh = make_traj("F", 10, [(20, 9)])  # every token 1 version old
     assert old_token.staleness(10) == pytest.approx(0.25)
     cfg = StalenessConfig(policy="max_lag", max_lag=2)
-    assert cfg.max_lag_measure == "oldest"
     sel = pool_of(cfg, [old_token, fresh]).select_batch(1, 10)
     assert ids(sel.rejected) == ["E"] and ids(sel.batch) == ["F"]
     np.testing.assert_allclose(sel.decision.rej["s_eff"], [5.0])
-    # the mean, a named option, admits it
-    sel = pool_of(StalenessConfig(policy="max_lag", max_lag=2, max_lag_measure="mean"),
-                  [make_traj("E", 10, [(1, 5), (19, 10)])]).select_batch(1, 10)
-    assert ids(sel.batch) == ["E"] and sel.rejected == []
 
 
 def test_max_lag_rejects_even_when_learner_waits():
-    pool = pool_of(StalenessConfig(policy="max_lag", max_lag=3.5, max_lag_measure="mean", requeue_rejected=False),
-                   four())
+    pool = pool_of(StalenessConfig(policy="max_lag", max_lag=4), four())
     sel = pool.select_batch(3, 10)  # 2 left after rejection < 3: the learner waits
-    assert ids(sel.rejected) == ["A", "D"] and sel.batch == [] and sel.decision.waited
-    assert ids(pool.trajectories) == ["B", "C"]
-    assert sel.requeue_task_ids == []
+    assert ids(sel.rejected) == ["B", "D"] and sel.batch == [] and sel.decision.waited
+    assert ids(pool.trajectories) == ["A", "C"]
+    assert sel.requeue_task_ids == ["task-B", "task-D"]  # their tasks are played again
 
 
 def test_rate_smoothing_over_steps():
@@ -351,7 +338,7 @@ def test_columns_match_trajectory_methods_on_random_pools():
     v_now = 12
     for cfg, check in [
         (StalenessConfig(policy="none"), lambda t: t.staleness(v_now)),
-        (StalenessConfig(policy="max_lag", max_lag=99, max_lag_measure="oldest"),
+        (StalenessConfig(policy="max_lag", max_lag=99),
          lambda t: v_now - min(t.token_versions())),
         (StalenessConfig(policy="pace", drift_mode="token_share", beta=0.0, target_occupancy=60),
          lambda t: t.waiting_staleness(v_now) + t.older_segment_token_share() * t.generation_staleness()),

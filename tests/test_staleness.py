@@ -81,8 +81,8 @@ def test_prefix_drift_only_older_tokens():
     "kwargs",
     [
         {"policy": "fifo"}, {"drift_mode": "x"}, {"gamma": 0.0}, {"beta": 1.0}, {"beta": -0.1},
-        {"max_lag": -1}, {"target_occupancy": 0}, {"target_occupancy": 2.5}, {"requeue_rejected": 1},
-        {"max_lag_measure": "median"}, {"gamma": float("nan")},
+        {"max_lag": -1}, {"target_occupancy": 0}, {"target_occupancy": 2.5},
+        {"gamma": float("nan")},
     ],
 )
 def test_config_rejects_bad_values(kwargs):
@@ -92,8 +92,8 @@ def test_config_rejects_bad_values(kwargs):
 
 def test_config_defaults():
     c = StalenessConfig()
-    got = (c.policy, c.gamma, c.beta, c.target_occupancy, c.drift_mode, c.requeue_rejected)
-    assert got == ("pace", 4.0, 0.9, None, "scoring", True)
+    got = (c.policy, c.gamma, c.beta, c.target_occupancy, c.drift_mode)
+    assert got == ("pace", 4.0, 0.9, None, "scoring")
     with pytest.raises(AttributeError):
         c.policy = "none"  # frozen
 

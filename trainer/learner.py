@@ -153,7 +153,7 @@ class Learner:
             ex = self.execution
             for mb in split_micro_batches(batch, ex.micro_batch_size):
                 mb = mb.to(self.device)
-                lp, _ = token_logprobs(self.model, mb, sampling=self.sampling, share_prefix=ex.share_prefix,
+                lp, _ = token_logprobs(self.model, mb, sampling=self.sampling, share_prefix=True,
                                        chunk_tokens=ex.logprob_chunk_tokens)
                 for i, (tid, k) in enumerate(zip(mb.ids, mb.source_index, strict=True)):
                     row = lp[i][mb.loss_mask[i]].float().cpu()
@@ -179,7 +179,7 @@ class Learner:
         cfg = self.execution
         return mean_policy_entropy(self.model, build_batch(trajectories, self.pad_token_id),
                                    micro_batch_size=cfg.micro_batch_size, sampling=self.sampling,
-                                   share_prefix=cfg.share_prefix, chunk_tokens=cfg.logprob_chunk_tokens,
+                                   share_prefix=True, chunk_tokens=cfg.logprob_chunk_tokens,
                                    device=self.device)
 
     def prepare(
@@ -204,7 +204,7 @@ class Learner:
 
         Rows are processed in micro-batches of at most ``execution.micro_batch_size`` rows and, when
         set, ``execution.max_tokens_per_micro_batch`` padded tokens (:func:`micro_batch_rows`); the
-        prefix every row shares runs once before them (``execution.share_prefix``) and its gradient is
+        prefix every row shares runs once before them (:mod:`agentenv.trainer.shared_prefix`) and its gradient is
         back-propagated once after them. The objective uses the global B, T_i and N, so the
         accumulated gradient does not depend on the split. glibc's free heap is returned to the
         operating system before the first micro-batch (:func:`agentenv.malloc.release_free_heap`).
@@ -227,7 +227,7 @@ class Learner:
         offset = shard_offset(batch.num_rows, rank, world)
         adm_mine = admitted[offset : offset + mine.num_rows] if admitted is not None else None
         release_free_heap()  # freed blocks of the last step leave the process before this one's activations
-        prefix = shared_prefix(self.model, mine, leaves=True) if cfg.share_prefix else None
+        prefix = shared_prefix(self.model, mine, leaves=True)
         n = prefix.length if prefix is not None else 0
         for rows in micro_batch_rows(mine, cfg.micro_batch_size, cfg.max_tokens_per_micro_batch, n):
             mb = mine.select(rows)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import copy
 import functools
 import logging
+import os
 from typing import Any
 
 import torch
@@ -106,26 +107,28 @@ def _ray_group(cfg: TrainConfig, model: torch.nn.Module, *, warmed_up: bool) -> 
         raise ConfigError("learner.backend 'ray' needs ray: run scripts/install_openrlhf.sh") from exc
     from agentenv.trainer.ray_learner import RayLearnerGroup
 
+    address = os.environ.get("RAY_ADDRESS")  # Ray's own setting: "auto" joins the cluster `ray start` set up
     if not ray.is_initialized():
-        if cfg.learner.ray_address is None:  # a private Ray on this machine, loopback only
+        if address is None:  # a private Ray on this machine, loopback only
             ray.init(include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
         else:
             try:
-                ray.init(address=cfg.learner.ray_address, log_to_driver=False)
+                ray.init(address=address, log_to_driver=False)
             except ConnectionError as exc:
                 raise ConfigError(
-                    f"learner.ray_address={cfg.learner.ray_address!r}: no Ray cluster answers ({exc}); start "
-                    "one with `ray start --head` (`ray start --address <head>:6379` on the other nodes), or "
-                    "set learner.ray_address=null for a private Ray on this machine"
+                    f"RAY_ADDRESS={address!r}: no Ray cluster answers ({exc}); start one with `ray start "
+                    "--head` (`ray start --address <head>:6379` on the other nodes), or unset RAY_ADDRESS "
+                    "for a private Ray on this machine"
                 ) from exc
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()} if warmed_up else None
     factory = functools.partial(actor_model, cfg.model.name, state)
-    logger.info("starting %d Ray learner actors (%s GPU each)", cfg.learner.world_size,
-                cfg.learner.num_gpus_per_actor)
+    # one GPU per rank when the Ray cluster has GPUs; without, the ranks run on CPUs with gloo
+    gpus = 1.0 if ray.cluster_resources().get("GPU", 0) >= 1 else 0.0
+    logger.info("starting %d Ray learner actors (%s GPU each)", cfg.learner.world_size, gpus)
     return RayLearnerGroup(
         factory, cfg.optim, backend_config(cfg), world_size=cfg.learner.world_size,
-        num_gpus_per_actor=cfg.learner.num_gpus_per_actor,
-        master_addr="127.0.0.1" if cfg.learner.ray_address is None else None,
+        num_gpus_per_actor=gpus,
+        master_addr="127.0.0.1" if address is None else None,
         sampling=sampling_transform(cfg), total_steps=cfg.run.updates, objective=cfg.objective, execution=cfg.learner,
     )
 

@@ -18,6 +18,8 @@ from agentenv.trainer.logprob_chunks import DEFAULT_CHUNK_TOKENS
 from agentenv.trainer.lr_schedule import SCHEDULES
 from agentenv.trainer.objectives import _check_delta, _check_fraction, check_gate
 
+GRPO_CLIP_EPS_NOTE = "the constant 0.2 of PPO and GRPO (trainer/objectives.py, grpo_loss)"
+
 __all__ = ["LearnerConfig", "ObjectiveConfig", "OptimConfig"]
 
 
@@ -51,9 +53,11 @@ class OptimConfig:
         "objective": "objective.name",
         **{k: f"objective.{k}" for k in ("delta", "gate", "loss_aggregation", "entropy_keep_fraction",
                                          "advantage_clip_negative", "truncation", "truncation_penalty",
-                                         "grpo_group_size", "grpo_clip_eps")},
+                                         "grpo_group_size")},
+        "grpo_clip_eps": GRPO_CLIP_EPS_NOTE,
         **{k: f"learner.{k}" for k in ("micro_batch_size", "max_tokens_per_micro_batch", "logprob_chunk_tokens",
-                                       "gradient_checkpointing", "share_prefix")},
+                                       "gradient_checkpointing")},
+        "share_prefix": "always on where the model allows it (LearnerConfig)",
     }
 
     lr: float = 1e-6
@@ -123,8 +127,9 @@ class ObjectiveConfig:
         truncation_penalty: Reward units subtracted under ``truncation: penalty`` (>= 0).
         grpo_group_size: GRPO samples per prompt (contiguous rows); must be >= 2. The one source of
             rollouts per task under ``name: grpo`` (FlashREINFORCE: one).
-        grpo_clip_eps: GRPO/PPO ratio clip epsilon.
     """
+
+    MOVED_FIELDS: ClassVar[dict[str, str]] = {"grpo_clip_eps": GRPO_CLIP_EPS_NOTE}
 
     name: Literal["flash_reinforce", "grpo"] = "flash_reinforce"
     delta: float = 1e-3
@@ -135,7 +140,6 @@ class ObjectiveConfig:
     truncation: Literal["keep", "mask", "penalty"] = "keep"
     truncation_penalty: float = 1.0
     grpo_group_size: int = 8
-    grpo_clip_eps: float = 0.2
 
     def __post_init__(self) -> None:
         if self.name not in ("flash_reinforce", "grpo"):
@@ -164,8 +168,6 @@ class ObjectiveConfig:
                     f"GRPO needs objective.grpo_group_size >= 2 (got {self.grpo_group_size}): with n = 1 the "
                     "group baseline makes every advantage 0"
                 )
-            if not self.grpo_clip_eps > 0:
-                raise ConfigError(f"objective.grpo_clip_eps must be > 0, got {self.grpo_clip_eps}")
 
 
 @dataclass(frozen=True)
@@ -175,6 +177,15 @@ class LearnerConfig:
     Every backend takes exactly one optimizer step per fresh batch of ``run.batch_size`` trajectories,
     with the global denominators of FlashREINFORCE, and runs the same micro-step
     (:mod:`agentenv.trainer.update_step`), so these settings change speed and memory, not the maths.
+
+    The token prefix every row of the batch shares (the system prompt and tool schemas; a GRPO group's
+    whole prompt) runs through the model once per step, and every micro-batch attends to that one KV
+    cache (:func:`agentenv.trainer.forward.shared_prefix_length`, :mod:`agentenv.trainer.shared_prefix`);
+    its gradient, summed over the micro-batches, is back-propagated through the prefix once at the end.
+    The log-probabilities and the gradient are those of the plain padded pass; only the compute shrinks,
+    by about ``(B - 1) * prefix / (B * L)``. This happens whenever the batch holds 2 or more rows sharing
+    at least 16 tokens, for a transformers model without activation checkpointing (whose layers drop the
+    cache) outside ZeRO-3; otherwise the plain pass runs.
 
     Attributes:
         micro_batch_size: Rows per forward/backward pass at most (gradient accumulation; does not
@@ -192,16 +203,13 @@ class LearnerConfig:
             instead of keeping them (transformers' activation checkpointing, non-reentrant):
             activation memory of a row drops from all layers to about one, for one extra forward.
             The gradient is unchanged.
-        share_prefix: Run the token prefix that every row of the batch shares (the system prompt and
-            tool schemas; a GRPO group's whole prompt) through the model once per step and let every
-            micro-batch attend to that one KV cache (:func:`agentenv.trainer.forward.shared_prefix_length`,
-            :mod:`agentenv.trainer.shared_prefix`); its gradient, summed over the micro-batches, is
-            back-propagated through the prefix once at the end. The log-probabilities and the gradient
-            are those of the plain padded pass; only the compute shrinks, by about
-            ``(B - 1) * prefix / (B * L)``. Used when the batch holds 2 or more rows sharing at least 16
-            tokens, for a transformers model without activation checkpointing (whose layers drop the
-            cache); otherwise the plain pass runs.
     """
+
+    MOVED_FIELDS: ClassVar[dict[str, str]] = {
+        "share_prefix": "always on where the model allows it (the class docstring says when)",
+        "ray_address": "Ray's own RAY_ADDRESS environment variable (unset: a private Ray on this machine)",
+        "num_gpus_per_actor": "one GPU per Ray learner rank when the Ray cluster has GPUs, none without",
+    }
 
     backend: str = "single"
     """``"single"``: :class:`agentenv.trainer.learner.Learner` in this process (CPU or one GPU).
@@ -210,20 +218,14 @@ class LearnerConfig:
     one or more GPUs each, on one node or a Ray cluster)."""
     world_size: int = 1
     """Data-parallel learner ranks (processes); > 1 needs ``backend: ray``."""
-    num_gpus_per_actor: float = 1.0
-    """``ray``: GPUs reserved per actor; 0 runs the actors on CPUs with gloo (tests)."""
     zero_stage: int = 2
     """``openrlhf``/``ray``: DeepSpeed ZeRO stage 0-3 (3 partitions the weights too; gathered for the engine)."""
     param_dtype: str = "fp32"
     """``openrlhf``/``ray``: training dtype, ``"fp32"``, ``"bf16"`` (GPUs) or ``"fp16"``."""
-    ray_address: str | None = None
-    """``ray``: None starts a private Ray on this machine; ``"auto"`` joins the cluster that
-    ``ray start`` set up (multi-node; checkpoints then need a folder every node can see)."""
     micro_batch_size: int = 4
     max_tokens_per_micro_batch: int | None = None
     logprob_chunk_tokens: int = DEFAULT_CHUNK_TOKENS
     gradient_checkpointing: bool = False
-    share_prefix: bool = True
 
     def __post_init__(self) -> None:
         if self.backend not in ("single", "openrlhf", "ray"):
@@ -233,8 +235,6 @@ class LearnerConfig:
         if self.world_size > 1 and self.backend != "ray":
             raise ConfigError(f"learner.world_size={self.world_size} needs learner.backend 'ray' "
                               f"('{self.backend}' runs one learner process)")
-        if not 0 <= self.num_gpus_per_actor < float("inf"):
-            raise ConfigError(f"learner.num_gpus_per_actor must be >= 0, got {self.num_gpus_per_actor}")
         if self.zero_stage not in (0, 1, 2, 3):
             raise ConfigError(f"learner.zero_stage must be 0, 1, 2 or 3, got {self.zero_stage}")
         if self.param_dtype not in ("fp32", "bf16", "fp16"):

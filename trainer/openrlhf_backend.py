@@ -368,7 +368,7 @@ class OpenRLHFLearner:
         return mean_policy_entropy(self.engine if zero3 else self.engine.module,
                                    build_batch(trajectories, self.pad_token_id),
                                    micro_batch_size=cfg.micro_batch_size, sampling=self.sampling,
-                                   share_prefix=cfg.share_prefix and not zero3,
+                                   share_prefix=not zero3,
                                    chunk_tokens=None if zero3 else cfg.logprob_chunk_tokens, device=self.device)
 
     def prepare(
@@ -464,7 +464,7 @@ class OpenRLHFLearner:
         offset = shard_offset(batch.num_rows, self.rank, self.world_size)
         self.engine.train()
         prefix = None
-        if cfg.share_prefix and self.backend.zero_stage != 3:
+        if self.backend.zero_stage != 3:
             prefix = shared_prefix(self.engine.module, batch.to(self.device), leaves=True)
         n = prefix.length if prefix is not None else 0
         groups = [] if mine is None else micro_batch_rows(mine, cfg.micro_batch_size, cfg.max_tokens_per_micro_batch, n)
@@ -520,7 +520,7 @@ class OpenRLHFLearner:
         Under ZeRO 0-2 every rank holds the full parameters, so the wrapped transformers model is
         called directly: the vocabulary projection runs in ``learner.logprob_chunk_tokens`` chunks and
         the rows attend to ``prefix``'s cache (or, without one, the prefix the micro-batch's rows
-        share runs once, ``learner.share_prefix``); DeepSpeed's gradient hooks sit on the parameters,
+        share runs once); DeepSpeed's gradient hooks sit on the parameters,
         so ``engine.backward`` reduces the gradient as before. Under ZeRO-3 the engine's own forward
         gathers the partitioned parameters (unchunked, no shared prefix).
         """
@@ -528,7 +528,7 @@ class OpenRLHFLearner:
         if self.backend.zero_stage == 3:
             return token_logprobs(self.engine, mb, with_entropy=with_entropy, sampling=self.sampling)
         return token_logprobs(self.engine.module, mb, with_entropy=with_entropy, sampling=self.sampling,
-                              share_prefix=cfg.share_prefix and prefix is None,
+                              share_prefix=prefix is None,
                               chunk_tokens=cfg.logprob_chunk_tokens, prefix=prefix)
 
     # -- checkpoints ------------------------------------------------------------------------------

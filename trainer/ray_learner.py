@@ -38,7 +38,7 @@ class RayLearnerGroup:
         optim: Optimizer settings.
         backend: DeepSpeed settings.
         world_size: Number of actors (GPUs).
-        num_gpus_per_actor: GPUs per actor (1 on GPU machines; 0 runs the gloo CPU path, as the test does).
+        num_gpus_per_actor: GPUs per actor (1 where the Ray cluster has GPUs; 0 runs the gloo CPU path).
         master_addr: Rendezvous address of rank 0; None takes Ray's node address (OpenRLHF's choice,
             needed across nodes); pass ``"127.0.0.1"`` on a single machine.
         sampling: The rollout's behaviour transform, handed to every actor's learner (None: identity).

@@ -24,6 +24,7 @@ from agentenv.rollout import is_token_budget_cut
 from agentenv.step_latency import StepLatency
 from agentenv.trainer.config import TrainConfig
 from agentenv.trainer.learner_contract import PolicyLearner
+from agentenv.trainer.warmup import WARMUP_SEED
 from agentenv.trajectory import Trajectory
 
 if TYPE_CHECKING:
@@ -177,7 +178,8 @@ def warmup_cache_key(cfg: TrainConfig, renderer: ChatRenderer) -> str:
     tag = getattr(entry, "demonstrations_tag", None)
     if tag is None:
         tag = f"{entry.__module__}.{getattr(entry, '__qualname__', type(entry).__qualname__)}"
-    parts: list[Any] = [cfg.model.name, to_dict(cfg.warmup), 3] + ([tag] if tag else [])
+    settings = {**to_dict(cfg.warmup), "seed": WARMUP_SEED}  # the fixed seed is part of the key
+    parts: list[Any] = [cfg.model.name, settings, 3] + ([tag] if tag else [])
     if cfg.model.chat_template_kwargs:
         parts.append({"chat_template_kwargs": dict(cfg.model.chat_template_kwargs)})
     family = renderer.tool_parser_name
@@ -205,7 +207,7 @@ def warmed_up(cfg: TrainConfig, model: torch.nn.Module, tokenizer: Any, renderer
         return model
     encode = lambda s: tokenizer.encode(s, add_special_tokens=False)  # noqa: E731 (scripted text, not sampled)
     examples = spec(cfg.env.id).load().scripted_demonstrations(
-        renderer, encode, count=cfg.warmup.num_examples, seed=cfg.warmup.seed)
+        renderer, encode, count=cfg.warmup.num_examples, seed=WARMUP_SEED)
     t0 = time.time()
     bar = tqdm(total=cfg.warmup.steps, desc="warm-up", unit="step")
 

@@ -290,16 +290,15 @@ async def _rollout(run: _Run, logs: _Logs, halt: asyncio.Event) -> BatchSelectio
     In sync mode exactly the missing trajectories are generated first (whole groups), so nothing
     overlaps with training. A split episode (``rollout.on_prefix_violation=split``) may leave samples
     over B in the pool, so only what is missing is collected. Every selection attempt is logged to
-    ``decisions.jsonl``; with ``staleness.requeue_rejected`` a rejected trajectory's task is played again.
+    ``decisions.jsonl``; a rejected trajectory's task is played again.
     """
     cfg, pool, collector = run.cfg, run.pool, run.collector
     logs.rejected_now.clear()
 
     def on_decision(sel: BatchSelection) -> None:
         logs.rejected_now.extend(sel.rejected)
-        if cfg.staleness.requeue_rejected:
-            for traj in sel.rejected:
-                collector.requeue(traj)
+        for traj in sel.rejected:
+            collector.requeue(traj)
         logs.decisions.write(json.dumps(sel.decision.to_dict()) + "\n")
 
     missing = cfg.run.batch_size - len(pool)

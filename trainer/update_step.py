@@ -227,7 +227,7 @@ def micro_batch_objective(
     if config.name == "grpo":
         out = grpo_loss(
             logprobs, mb.behaviour_logprobs, mb.loss_mask, mb.advantages, mb.lengths, batch.global_tokens,
-            clip_eps=config.grpo_clip_eps, row_ids=mb.ids,
+            row_ids=mb.ids,
         )
     else:
         out = flash_reinforce_loss(

@@ -13,6 +13,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -20,6 +21,9 @@ from agentenv.errors import ConfigError, Interrupted
 from agentenv.trainer.batching import build_batch
 from agentenv.trainer.forward import token_logprobs
 from agentenv.trajectory import Trajectory
+
+WARMUP_SEED = 0
+"""Seeds the warm-up's demonstrations and batch order (the same for every run seed)."""
 
 
 @dataclass(frozen=True)
@@ -31,14 +35,19 @@ class WarmupConfig:
         batch_size: Transcripts per step.
         lr: AdamW learning rate.
         num_examples: Distinct demonstrations written (cycled through).
-        seed: Seeds the demonstrations and the batch order.
+
+    The demonstrations and the batch order are drawn with the fixed seed :data:`WARMUP_SEED`, whatever
+    ``run.seed`` is: the warm-up is one cached computation that every seed of a configuration shares,
+    and so does the held-out evaluation before training.
     """
+
+    MOVED_FIELDS: ClassVar[dict[str, str]] = {
+        "seed": "the fixed WARMUP_SEED (0): every run seed shares one cached warm-up"}
 
     steps: int = 40
     batch_size: int = 8
     lr: float = 5e-5
     num_examples: int = 320
-    seed: int = 0
 
     def __post_init__(self) -> None:
         if self.steps < 0 or self.batch_size < 1 or self.num_examples < 1:
@@ -60,7 +69,7 @@ def sft_warmup(
     Args:
         model: A causal LM returning ``logits`` ``(b, L, vocab)``; trained in place.
         examples: ``(ids, mask)`` pairs (:meth:`agentenv.core.Env.scripted_demonstrations`).
-        cfg: Steps, batch size, learning rate, seed.
+        cfg: Steps, batch size, learning rate.
         log: Called as ``log(step, loss)`` after each step.
         should_stop: Checked before each step (e.g. Ctrl-C seen by another thread).
 
@@ -70,7 +79,7 @@ def sft_warmup(
     Raises:
         Interrupted: ``should_stop()`` returned true; the model is left part-trained.
     """
-    rng = random.Random(cfg.seed)
+    rng = random.Random(WARMUP_SEED)
     order = list(range(len(examples)))
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
     model.train()

@@ -408,16 +408,18 @@ def test_shared_prefix_pass_gives_the_plain_values_and_gradient(arch, monkeypatc
     trajs = _with_system_prompt(make_trajectories(6, seed=21), 24, seed=21)
     # rows share exactly the 24 system tokens (their own prompts differ right after)
     assert shared_prefix_length(build_batch(trajs, 0)) == 24
-    plain = Learner(tiny_model(21, arch), OptimConfig(),
-                    objective=ObjectiveConfig(delta=10.0),
-                    execution=LearnerConfig(micro_batch_size=6, share_prefix=False))
-    shared = Learner(tiny_model(21, arch), OptimConfig(),
-                     objective=ObjectiveConfig(delta=10.0),
-                     execution=LearnerConfig(micro_batch_size=6, share_prefix=True))
-    trajs = on_policy(trajs, plain.score(trajs), noise=0.05)
-    for a, b in zip(plain.score(trajs), shared.score(trajs), strict=True):
+    plain, shared = (Learner(tiny_model(21, arch), OptimConfig(), objective=ObjectiveConfig(delta=10.0),
+                             execution=LearnerConfig(micro_batch_size=6)) for _ in range(2))
+
+    def plain_pass(fn, *args):  # the prefix not shared: the plain padded pass
+        with monkeypatch.context() as m:
+            m.setattr(forward_module, "_can_share_prefix", lambda model: False)
+            return fn(*args)
+
+    trajs = on_policy(trajs, plain_pass(plain.score, trajs), noise=0.05)
+    for a, b in zip(plain_pass(plain.score, trajs), shared.score(trajs), strict=True):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
-    g_plain, st_plain = _grads(plain, trajs)
+    g_plain, st_plain = plain_pass(_grads, plain, trajs)
     g_shared, st_shared = _grads(shared, trajs)
     assert st_shared.loss_sum == pytest.approx(st_plain.loss_sum, rel=1e-5, abs=1e-7)
     assert g_plain.keys() == g_shared.keys()

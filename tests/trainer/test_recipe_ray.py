@@ -30,7 +30,7 @@ def test_train_with_two_ray_learner_actors_then_resume_matches_the_single_learne
     tiny_random_model(hidden_size=32, max_position_embeddings=256).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     overrides = [o for o in OVERRIDES if not o.startswith("learner.backend")] + [
-        "learner.backend=ray", "learner.world_size=2", "learner.num_gpus_per_actor=0", f"model.name={folder}",
+        "learner.backend=ray", "learner.world_size=2", f"model.name={folder}",
         "rollout.max_total_tokens=32", "rollout.max_new_tokens_per_turn=6",
     ]
     ray.init(num_cpus=2, num_gpus=0, include_dashboard=False, _node_ip_address="127.0.0.1",

@@ -52,12 +52,15 @@ def test_budgeted_micro_batches_with_one_prefix_pass_give_the_single_pass_gradie
         d = scorer.prepare(trajs, scores)[0].gate_d
         extra = dict(delta=float(d.median()), entropy_keep_fraction=0.5)
     common = dict(objective=ObjectiveConfig(name=objective, grpo_group_size=4, **extra))
+
     plain = Learner(tiny_model(41, dtype=torch.float64), OptimConfig(),
-                    execution=LearnerConfig(micro_batch_size=8, share_prefix=False), **common)
-    g_plain, _ = _grads(plain, trajs, scores)
+                    execution=LearnerConfig(micro_batch_size=8), **common)
+    with monkeypatch.context() as m:  # the prefix not shared: the plain padded pass
+        m.setattr(forward_module, "_can_share_prefix", lambda model: False)
+        g_plain, _ = _grads(plain, trajs, scores)
     # one pass of all rows, the prefix served from its KV cache within it
     single = Learner(tiny_model(41, dtype=torch.float64), OptimConfig(),
-                     execution=LearnerConfig(micro_batch_size=8, share_prefix=True), **common)
+                     execution=LearnerConfig(micro_batch_size=8), **common)
     g_ref, st_ref = _grads(single, trajs, scores)
 
     prefix_passes, suffix_rows = [], []
@@ -71,7 +74,7 @@ def test_budgeted_micro_batches_with_one_prefix_pass_give_the_single_pass_gradie
     monkeypatch.setattr(forward_module, "SharedPrefix", CountedPrefix)
     monkeypatch.setattr(forward_module, "_suffix_forward",
                         lambda m, b, p, **k: suffix_rows.append(b.num_rows) or real_suffix(m, b, p, **k))
-    budget = LearnerConfig(micro_batch_size=8, max_tokens_per_micro_batch=60, share_prefix=True)
+    budget = LearnerConfig(micro_batch_size=8, max_tokens_per_micro_batch=60)
     split = Learner(tiny_model(41, dtype=torch.float64), OptimConfig(), execution=budget, **common)
     g, st = _grads(split, trajs, scores)
 

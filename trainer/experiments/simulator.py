@@ -90,7 +90,7 @@ class SimConfig:
     weight_sync_s: float = 0.5
     """Generation pause per weight update, seconds."""
     max_lag: float = 4.0
-    """``max_lag`` policy cap (versions) on the lag of a trajectory's oldest token (``max_lag_measure="oldest"``)."""
+    """``max_lag`` policy cap (versions) on the lag of a trajectory's oldest token ."""
     gamma: float = 4.0
     """PACE weight exponent."""
     beta: float = 0.9
