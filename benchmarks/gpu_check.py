@@ -187,11 +187,12 @@ def on_policy(trajs, scores):
 
 
 def bench_learner(args, model, device, clock, results) -> None:
+    from agentenv.trainer.advantages import batch_mean_advantages
     from agentenv.trainer.batching import build_batch, split_micro_batches
     from agentenv.trainer.forward import token_logprobs
     from agentenv.trainer.learner import Learner
     from agentenv.trainer.learner_config import LearnerConfig, ObjectiveConfig, OptimConfig
-    from agentenv.trainer.objectives import batch_mean_advantages, flash_reinforce_loss
+    from agentenv.trainer.objectives import flash_reinforce_loss
 
     vocab = model.config.vocab_size
     trajs = make_trajectories(args.rows, args.seq, vocab, prompt=max(8, args.seq // 8))

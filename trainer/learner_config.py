@@ -16,7 +16,8 @@ from typing import ClassVar, Literal
 from agentenv.errors import ConfigError
 from agentenv.trainer.logprob_chunks import DEFAULT_CHUNK_TOKENS
 from agentenv.trainer.lr_schedule import SCHEDULES
-from agentenv.trainer.objectives import _check_delta, _check_fraction, check_gate
+from agentenv.trainer.objectives import _check_fraction
+from agentenv.trainer.trust_gate import check_delta, check_gate
 
 GRPO_CLIP_EPS_NOTE = "the constant 0.2 of PPO and GRPO (trainer/objectives.py, grpo_loss)"
 
@@ -102,7 +103,7 @@ class ObjectiveConfig:
             gate, sample-mean loss) or ``"grpo"`` (groups of ``grpo_group_size`` rollouts of a prompt).
         delta: FlashREINFORCE gate threshold on D_i (nats), admitted iff ``D_i <= delta``.
         gate: FlashREINFORCE only: the trust gate on the Bernoulli-KL proxy
-            (:func:`agentenv.trainer.objectives.trust_gate`). ``"sequence"`` (default, the method):
+            (:func:`agentenv.trainer.trust_gate.trust_gate`). ``"sequence"`` (default, the method):
             a row is admitted iff ``D_i <= delta``; ``"token"``: each policy token is admitted iff its
             own term ``d_t <= delta`` (denominator still ``T_i``); ``"none"``: every row admitted.
             ``learner/mean_d`` is the mean ``D_i`` in every mode; ``learner/admitted_fraction`` the
@@ -153,7 +154,7 @@ class ObjectiveConfig:
         if not (math.isfinite(self.truncation_penalty) and self.truncation_penalty >= 0):
             raise ConfigError(f"objective.truncation_penalty must be a finite number >= 0, "
                               f"got {self.truncation_penalty}")
-        _check_delta(self.delta)
+        check_delta(self.delta)
         if self.entropy_keep_fraction is not None:
             _check_fraction(self.entropy_keep_fraction)
         if self.name == "grpo":

@@ -1,7 +1,9 @@
 """Policy-gradient objectives: FlashREINFORCE (the method) and GRPO (the comparison baseline).
 
 This is the ONE implementation of both losses; the single-process learner (``trainer/learner.py``)
-and the OpenRLHF/DeepSpeed backend (``trainer/openrlhf_backend.py``) both call it.
+and the OpenRLHF/DeepSpeed backend (``trainer/openrlhf_backend.py``) both call it. The advantages
+they take come from :mod:`agentenv.trainer.advantages`, FlashREINFORCE's gate from
+:mod:`agentenv.trainer.trust_gate`.
 
 Tensor legend (every function below uses it):
 
@@ -32,49 +34,29 @@ from dataclasses import dataclass, fields
 import torch
 
 from agentenv.errors import ConfigError, DataError
+from agentenv.trainer.trust_gate import check_delta, check_gate, trust_gate
+from agentenv.trainer.work_dtype import as_work_float, work_dtype
 
 __all__ = [
     "ObjectiveOutput",
-    "GATES",
-    "GateDecision",
     "ObjectiveStats",
-    "batch_mean_advantages",
-    "bernoulli_kl_gate",
     "entropy_filter_mask",
     "flash_reinforce_loss",
-    "group_advantages",
     "grpo_loss",
-    "masked_batch_mean_advantages",
-    "trust_gate",
 ]
 
-#: Probability clamp used by the gate only (docs/algorithms.md, "FlashREINFORCE"): p, q in [PROB_EPS, 1 - PROB_EPS].
-PROB_EPS = 1e-6
 #: Log-ratio clamp for rho = exp(clamp(log q - log p, -RHO_LOG_CLAMP, RHO_LOG_CLAMP)).
 RHO_LOG_CLAMP = 30.0
 #: Largest log-probability accepted as "not positive" (float rounding of log_softmax), in nats.
 LOGPROB_TOL = 1e-4
-#: FlashREINFORCE gate choices (:func:`trust_gate`): the paper's sequence gate, a token-local mask, none.
-GATES = ("sequence", "token", "none")
 
 
 # ---------------------------------------------------------------------------------------------
 # Configs
 # ---------------------------------------------------------------------------------------------
-def _check_delta(delta: float) -> None:
-    if not (isinstance(delta, (int, float)) and math.isfinite(delta) and delta >= 0):
-        raise ConfigError(f"gate delta must be a finite number >= 0, got {delta!r}")
-
-
 def _check_fraction(q: float) -> None:
     if not (isinstance(q, (int, float)) and 0.0 <= q <= 1.0):
         raise ConfigError(f"entropy keep fraction must lie in [0, 1], got {q!r}")
-
-
-def check_gate(gate: str, field: str = "gate") -> None:
-    """Raise :class:`ConfigError` naming ``field`` unless ``gate`` is one of :data:`GATES`."""
-    if gate not in GATES:
-        raise ConfigError(f"{field} must be 'sequence', 'token' or 'none', got {gate!r}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -207,219 +189,6 @@ class ObjectiveOutput:
 
 
 # ---------------------------------------------------------------------------------------------
-# Advantages
-# ---------------------------------------------------------------------------------------------
-def batch_mean_advantages(rewards: torch.Tensor) -> torch.Tensor:
-    """FlashREINFORCE advantages ``A_i = R_i - mean_j R_j`` over all B rows (no std division).
-
-    Compute them on the whole fresh batch, before any micro-batch or rank split.
-
-    Args:
-        rewards: ``(B,)`` episode returns.
-
-    Returns:
-        ``(B,)`` advantages, float32 at least.
-
-    Raises:
-        DataError: empty batch or a non-finite reward.
-    """
-    r = _as_float(rewards.reshape(-1))
-    if r.numel() == 0:
-        raise DataError("cannot compute advantages of an empty batch")
-    if not torch.isfinite(r).all():
-        raise DataError(f"non-finite reward at rows {torch.nonzero(~torch.isfinite(r)).flatten().tolist()}")
-    return r - r.mean()
-
-
-def masked_batch_mean_advantages(rewards: torch.Tensor, included: torch.Tensor) -> torch.Tensor:
-    """``A_i = R_i - mean_{j included} R_j`` for included rows, 0 for the others (no std division).
-
-    The batch-mean baseline of :func:`batch_mean_advantages` over a subset: rows left out (e.g.
-    trajectories cut by a token budget under DAPO-style overlong filtering) neither shape the
-    baseline nor receive an advantage. With every row included it equals :func:`batch_mean_advantages`.
-
-    Args:
-        rewards: ``(B,)`` episode returns.
-        included: ``(B,)`` bool, rows that take part.
-
-    Returns:
-        ``(B,)`` advantages, float32 at least (all 0 when no row is included).
-
-    Raises:
-        DataError: empty batch, a non-finite reward, or ``included`` of another length.
-    """
-    r = _as_float(rewards.reshape(-1))
-    keep = included.reshape(-1).to(device=r.device, dtype=torch.bool)
-    if keep.numel() != r.numel():
-        raise DataError(f"included has {keep.numel()} rows for {r.numel()} rewards")
-    if not bool(keep.any()):
-        if r.numel() == 0:
-            raise DataError("cannot compute advantages of an empty batch")
-        return torch.zeros_like(r)
-    adv = batch_mean_advantages(r[keep])
-    return torch.zeros_like(r).masked_scatter(keep, adv)
-
-
-def group_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-6) -> torch.Tensor:
-    """GRPO group-normalised advantages ``(r - mean_g) / (std_g + eps)`` (arXiv 2402.03300, sec. 4.1.2).
-
-    Rows are grouped contiguously: rows ``[k*n, (k+1)*n)`` are the ``n`` samples of prompt ``k``.
-    ``std_g`` is the unbiased (Bessel-corrected) sample standard deviation, as in TRL and OpenRLHF.
-
-    Args:
-        rewards: ``(B,)`` episode returns, ``B = G * n``.
-        group_size: ``n`` samples per prompt.
-        eps: Added to the standard deviation (reward units).
-
-    Returns:
-        ``(B,)`` advantages, float32 at least.
-
-    Raises:
-        ConfigError: ``group_size < 2`` (every advantage would be 0).
-        DataError: empty batch, non-finite reward, or ``B`` not a multiple of ``group_size``.
-    """
-    if group_size < 2:
-        raise ConfigError(
-            f"group baseline needs group_size >= 2 (got {group_size}): with n = 1 every advantage is 0"
-        )
-    r = _as_float(rewards.reshape(-1))
-    if r.numel() == 0:
-        raise DataError("cannot compute advantages of an empty batch")
-    if not torch.isfinite(r).all():
-        raise DataError(f"non-finite reward at rows {torch.nonzero(~torch.isfinite(r)).flatten().tolist()}")
-    if r.numel() % group_size:
-        raise DataError(f"batch of {r.numel()} rows is not a whole number of groups of {group_size}")
-    g = r.view(-1, group_size)
-    return ((g - g.mean(dim=1, keepdim=True)) / (g.std(dim=1, keepdim=True) + eps)).reshape(-1)
-
-
-# ---------------------------------------------------------------------------------------------
-# Gate
-# ---------------------------------------------------------------------------------------------
-def bernoulli_kl_gate(
-    logprobs: torch.Tensor,
-    behaviour_logprobs: torch.Tensor,
-    mask: torch.Tensor,
-    delta: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """FlashREINFORCE's sequence-level trust gate on a Bernoulli-KL proxy (docs/algorithms.md, "FlashREINFORCE").
-
-    With ``p = mu(a_t)`` (behaviour) and ``q = pi_theta(a_t)`` (current), both clamped to
-    ``[1e-6, 1 - 1e-6]`` here only, ``d_t = p log(p/q) + (1-p) log((1-p)/(1-q))``,
-    ``D_i = max(0, mean_t d_t)`` over row ``i``'s policy tokens, and ``m_i = 1[D_i <= delta]``.
-
-    Args:
-        logprobs: ``(b, t)`` current log-probabilities log q (no gradient is taken through the gate).
-        behaviour_logprobs: ``(b, t)`` behaviour log-probabilities log p.
-        mask: ``(b, t)`` bool, True at policy tokens; every row needs at least one.
-        delta: Threshold (nats), >= 0.
-
-    Returns:
-        ``(D, admitted)``: ``(b,)`` float and ``(b,)`` bool.
-
-    Raises:
-        ConfigError: negative delta. DataError: an empty row.
-    """
-    _check_delta(delta)
-    _, d_row = _row_kl(logprobs, behaviour_logprobs, mask)
-    return d_row, d_row <= delta
-
-
-@dataclass(frozen=True)
-class GateDecision:
-    """What :func:`trust_gate` decided (``b`` rows, ``t`` positions).
-
-    Attributes:
-        d: ``(b,)`` float, ``D_i = max(0, mean_t d_t)`` over row i's policy tokens (nats), whatever the gate.
-        rows: ``(b,)`` bool, rows that keep any gradient (the sequence gate's ``m_i``; under the token
-            gate, rows with at least one admitted token; all True without a gate).
-        tokens: ``(b, t)`` bool, policy tokens that keep their gradient (``m_it``); False off the mask.
-    """
-
-    d: torch.Tensor
-    rows: torch.Tensor
-    tokens: torch.Tensor
-
-
-def trust_gate(
-    logprobs: torch.Tensor,
-    behaviour_logprobs: torch.Tensor,
-    mask: torch.Tensor,
-    delta: float,
-    gate: str = "sequence",
-) -> GateDecision:
-    """The trust gate ``m_it`` of the FlashREINFORCE loss, sequence-level (the method), token-local or none.
-
-    With the per-token Bernoulli-KL term ``d_it = p log(p/q) + (1-p) log((1-p)/(1-q))`` of
-    :func:`bernoulli_kl_gate` (``p = mu(a_it)``, ``q = pi_theta(a_it)``, clamped to
-    ``[1e-6, 1 - 1e-6]``) and ``D_i = max(0, (1/T_i) sum_t d_it)``:
-
-    * ``"sequence"``: ``m_it = m_i = 1[D_i <= delta]`` (the whole row, FlashREINFORCE's gate);
-    * ``"token"``: ``m_it = 1[d_it <= delta]``, each token on its own (a token-local mask, the
-      ablation of the sequence gate); the loss keeps the row's denominator ``T_i``, so
-      ``L = -(1/B) sum_i (A_i / T_i) sum_t m_it rho_it log pi_theta(a_it)``;
-    * ``"none"``: ``m_it = 1`` (every row and token admitted).
-
-    ``D_i`` is computed in every mode (the ``mean_d`` figure measures the train-inference mismatch
-    with or without a gate).
-
-    Args:
-        logprobs: ``(b, t)`` current log q (detached here).
-        behaviour_logprobs: ``(b, t)`` stored log p.
-        mask: ``(b, t)`` bool policy-token mask; every row needs at least one.
-        delta: Threshold (nats), >= 0 (unused by ``"none"`` but still checked).
-        gate: One of :data:`GATES`.
-
-    Returns:
-        :class:`GateDecision`.
-
-    Raises:
-        ConfigError: negative delta or an unknown gate. DataError: an empty row.
-    """
-    check_gate(gate)
-    mask = mask.bool()
-    if gate == "sequence":
-        d_row, rows = bernoulli_kl_gate(logprobs, behaviour_logprobs, mask, delta)
-        return GateDecision(d_row, rows, mask & rows.unsqueeze(1))
-    _check_delta(delta)
-    d, d_row = _row_kl(logprobs, behaviour_logprobs, mask)
-    if gate == "none":
-        return GateDecision(d_row, torch.ones_like(d_row, dtype=torch.bool), mask)
-    tokens = mask & (d <= delta)
-    return GateDecision(d_row, tokens.any(dim=1), tokens)
-
-
-def _row_kl(
-    logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, mask: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(d, D)``: ``(b, t)`` the terms d_t of :func:`_token_kl` and ``(b,)`` ``D_i = max(0, (1/T_i) sum_t d_t)``."""
-    d, counts, dtype = _token_kl(logprobs, behaviour_logprobs, mask)
-    return d, (d.sum(dim=1) / counts.to(dtype)).clamp_min(0.0)
-
-
-def _token_kl(
-    logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, mask: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.dtype]:
-    """``(d, counts, dtype)``: ``(b, t)`` Bernoulli-KL terms d_t (0 off the mask), ``(b,)`` T_i, the working dtype.
-
-    Raises:
-        DataError: an empty row.
-    """
-    mask = mask.bool()
-    counts = mask.sum(dim=1)
-    if (counts == 0).any():
-        raise DataError(f"rows {torch.nonzero(counts == 0).flatten().tolist()} have no policy token")
-    dtype = _work_dtype(logprobs)
-    zero = torch.zeros((), dtype=dtype, device=logprobs.device)
-    lq = torch.where(mask, logprobs.detach().to(dtype), zero)
-    lp = torch.where(mask, behaviour_logprobs.detach().to(dtype), zero)
-    p = lp.exp().clamp(PROB_EPS, 1.0 - PROB_EPS)
-    q = lq.exp().clamp(PROB_EPS, 1.0 - PROB_EPS)
-    d = p * (p.log() - q.log()) + (1.0 - p) * (torch.log1p(-p) - torch.log1p(-q))
-    return torch.where(mask, d, zero), counts, dtype
-
-
-# ---------------------------------------------------------------------------------------------
 # Entropy filter
 # ---------------------------------------------------------------------------------------------
 def entropy_filter_mask(
@@ -483,8 +252,8 @@ def flash_reinforce_loss(
     exp(clamp(log q - log p, -30, 30))`` detached (float32 at least) and ``m_i`` the gate decision.
     Its gradient w.r.t. ``log pi_theta(a_it)`` is ``-m_i A_i rho_it / (B T_i)``, that of the
     importance-weighted surrogate ``-(1/B) sum_i m_i (A_i/T_i) sum_t rho_it`` (reported in the stats).
-    Rejected rows stay in ``B``. With ``A`` from :func:`batch_mean_advantages` over all B rows, the
-    gradient is exactly zero when all rewards are equal or all rows are rejected.
+    Rejected rows stay in ``B``. With ``A`` from :func:`agentenv.trainer.advantages.batch_mean_advantages`
+    over all B rows, the gradient is exactly zero when all rewards are equal or all rows are rejected.
 
     Optional negative-token entropy filter: for ``failed`` rows keep only the ``ceil(q T_i)``
     highest-entropy tokens; the denominator stays ``T_i``.
@@ -517,7 +286,7 @@ def flash_reinforce_loss(
         failed: ``(b,)`` bool, rows the entropy filter applies to; default ``advantages < 0``.
         row_ids: Optional names of the rows (trajectory ids) used in error messages.
         total_tokens: N for token-mean aggregation (>= this call's policy tokens); None: sample mean.
-        gate: ``"sequence"`` (default), ``"token"`` or ``"none"`` (:data:`GATES`).
+        gate: ``"sequence"`` (default), ``"token"`` or ``"none"`` (:data:`agentenv.trainer.trust_gate.GATES`).
         token_admitted: ``(b, t)`` bool precomputed token-gate decision ``m_it`` (``gate="token"``
             with a precomputed ``admitted``, which then says which rows have an admitted token);
             required in that case, ignored otherwise.
@@ -532,7 +301,7 @@ def flash_reinforce_loss(
         ConfigError (a ValueError): negative delta, fraction outside [0, 1], filter without entropies,
             an unknown gate, ``gate="token"`` with ``admitted`` but no ``token_admitted``.
     """
-    _check_delta(delta)
+    check_delta(delta)
     check_gate(gate)
     if entropy_keep_fraction is not None:
         _check_fraction(entropy_keep_fraction)
@@ -625,7 +394,7 @@ def grpo_loss(
         logprobs: ``(b, t)`` current log pi_theta(a_t) with gradient.
         behaviour_logprobs: ``(b, t)`` stored log mu(a_t).
         mask: ``(b, t)`` policy-token mask; other positions may hold NaN/inf.
-        advantages: ``(b,)`` from :func:`group_advantages` over the global batch.
+        advantages: ``(b,)`` from :func:`agentenv.trainer.advantages.group_advantages` over the global batch.
         lengths: ``(b,)`` T_i (must equal ``mask.sum(1)``).
         total_tokens: N, policy tokens in the global batch (>= this call's tokens).
         clip_eps: PPO clip range epsilon (> 0).
@@ -675,14 +444,6 @@ def grpo_loss(
 # ---------------------------------------------------------------------------------------------
 # Shared input handling
 # ---------------------------------------------------------------------------------------------
-def _work_dtype(x: torch.Tensor) -> torch.dtype:
-    return torch.float64 if x.dtype == torch.float64 else torch.float32
-
-
-def _as_float(x: torch.Tensor) -> torch.Tensor:
-    return x.to(_work_dtype(x)) if x.is_floating_point() else x.to(torch.float32)
-
-
 def _name(i: int, row_ids: Sequence[str] | None) -> str:
     return f"trajectory {row_ids[i]} (row {i})" if row_ids is not None and i < len(row_ids) else f"row {i}"
 
@@ -723,7 +484,7 @@ def _prepare(
             f"{_name(bad, row_ids)}: lengths says T_i={int(t_i[bad])} but the mask has {int(counts[bad])} "
             "policy tokens (rows must not be split across calls)"
         )
-    dtype = _work_dtype(logprobs)
+    dtype = work_dtype(logprobs)
     for name, x in (("current log-probability", logprobs), ("behaviour log-probability", behaviour_logprobs)):
         xd = x.detach()
         bad_nonfinite = mask & ~torch.isfinite(xd)
@@ -736,7 +497,7 @@ def _prepare(
         if bad_pos.any():
             i, j = torch.nonzero(bad_pos)[0].tolist()
             raise DataError(f"{_name(i, row_ids)}: positive {name} {float(xd[i, j])} at policy position {j}")
-    adv = _as_float(adv).to(device=logprobs.device, dtype=dtype)
+    adv = as_work_float(adv).to(device=logprobs.device, dtype=dtype)
     if not torch.isfinite(adv).all():
         bad_row = int(torch.nonzero(~torch.isfinite(adv))[0])
         raise DataError(f"{_name(bad_row, row_ids)}: non-finite advantage")

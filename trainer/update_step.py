@@ -19,17 +19,10 @@ import torch
 
 from agentenv.errors import DataError
 from agentenv.rollout import is_token_budget_cut
+from agentenv.trainer.advantages import batch_mean_advantages, group_advantages, masked_batch_mean_advantages
 from agentenv.trainer.batching import PolicyBatch, build_batch
-from agentenv.trainer.objectives import (
-    ObjectiveOutput,
-    ObjectiveStats,
-    batch_mean_advantages,
-    flash_reinforce_loss,
-    group_advantages,
-    grpo_loss,
-    masked_batch_mean_advantages,
-    trust_gate,
-)
+from agentenv.trainer.objectives import ObjectiveOutput, ObjectiveStats, flash_reinforce_loss, grpo_loss
+from agentenv.trainer.trust_gate import trust_gate
 from agentenv.trajectory import Trajectory
 
 if TYPE_CHECKING:

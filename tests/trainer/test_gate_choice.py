@@ -17,12 +17,8 @@ import torch
 from agentenv.errors import ConfigError
 from agentenv.trainer.learner import Learner
 from agentenv.trainer.learner_config import LearnerConfig, ObjectiveConfig, OptimConfig
-from agentenv.trainer.objectives import (
-    ObjectiveStats,
-    bernoulli_kl_gate,
-    flash_reinforce_loss,
-    trust_gate,
-)
+from agentenv.trainer.objectives import ObjectiveStats, flash_reinforce_loss
+from agentenv.trainer.trust_gate import bernoulli_kl_gate, trust_gate
 
 from .conftest import make_trajectories, on_policy, tiny_model
 

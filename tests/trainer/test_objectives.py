@@ -9,16 +9,10 @@ import pytest
 import torch
 
 from agentenv.errors import ConfigError, DataError
+from agentenv.trainer.advantages import batch_mean_advantages, group_advantages
 from agentenv.trainer.learner_config import ObjectiveConfig
-from agentenv.trainer.objectives import (
-    ObjectiveStats,
-    batch_mean_advantages,
-    bernoulli_kl_gate,
-    entropy_filter_mask,
-    flash_reinforce_loss,
-    group_advantages,
-    grpo_loss,
-)
+from agentenv.trainer.objectives import ObjectiveStats, entropy_filter_mask, flash_reinforce_loss, grpo_loss
+from agentenv.trainer.trust_gate import bernoulli_kl_gate
 
 
 def _pad(rows, fill=0.0, dtype=torch.float64):

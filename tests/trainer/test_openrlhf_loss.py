@@ -27,7 +27,8 @@ pytest.importorskip("deepspeed", reason="needs deepspeed: run scripts/install_op
 pytest.importorskip("openrlhf", reason="needs openrlhf: run scripts/install_openrlhf.sh")
 
 from agentenv.errors import ConfigError  # noqa: E402
-from agentenv.trainer.objectives import batch_mean_advantages, flash_reinforce_loss  # noqa: E402
+from agentenv.trainer.advantages import batch_mean_advantages
+from agentenv.trainer.objectives import flash_reinforce_loss  # noqa: E402
 from agentenv.trainer.openrlhf_compat import flash_attn_is_stubbed, import_openrlhf  # noqa: E402
 
 pytestmark = pytest.mark.openrlhf

@@ -20,7 +20,7 @@ from agentenv.errors import ConfigError
 from agentenv.rollout import RolloutConfig
 from agentenv.trainer.learner import Learner
 from agentenv.trainer.learner_config import LearnerConfig, OptimConfig
-from agentenv.trainer.objectives import bernoulli_kl_gate
+from agentenv.trainer.trust_gate import bernoulli_kl_gate
 from agentenv.trajectory import Trajectory
 
 DELTA = 1e-3
