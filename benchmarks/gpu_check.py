@@ -318,8 +318,9 @@ def bench_deepspeed(args, cfg: dict, device: torch.device, dtype: torch.dtype, c
     try:
         import deepspeed  # noqa: F401
 
+        from agentenv.trainer.deepspeed_strategy import OpenRLHFBackendConfig
         from agentenv.trainer.learner_config import LearnerConfig, ObjectiveConfig, OptimConfig
-        from agentenv.trainer.openrlhf_backend import OpenRLHFBackendConfig, OpenRLHFLearner
+        from agentenv.trainer.openrlhf_backend import OpenRLHFLearner
     except Exception as e:  # noqa: BLE001
         results["deepspeed_update"] = {"skipped": f"deepspeed/openrlhf not importable: {e}"}
         return

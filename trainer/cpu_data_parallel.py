@@ -13,7 +13,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from agentenv.trainer.openrlhf_backend import free_port
+from agentenv.trainer.deepspeed_strategy import free_port
 
 __all__ = ["run_cpu_data_parallel"]
 

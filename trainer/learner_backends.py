@@ -41,12 +41,12 @@ logger = logging.getLogger(__name__)
 
 
 def backend_config(cfg: TrainConfig) -> Any:
-    """The :class:`~agentenv.trainer.openrlhf_backend.OpenRLHFBackendConfig` of a DeepSpeed backend.
+    """The :class:`~agentenv.trainer.deepspeed_strategy.OpenRLHFBackendConfig` of a DeepSpeed backend.
 
     Raises:
         ConfigError: OpenRLHF/DeepSpeed are not installed.
     """
-    from agentenv.trainer.openrlhf_backend import OpenRLHFBackendConfig
+    from agentenv.trainer.deepspeed_strategy import OpenRLHFBackendConfig
 
     return OpenRLHFBackendConfig(
         rows_per_update=cfg.run.batch_size, zero_stage=cfg.learner.zero_stage,

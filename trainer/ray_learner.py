@@ -15,8 +15,9 @@ from torch import nn
 
 from agentenv.engines.sampling import SamplingTransform
 from agentenv.trainer.checkpoint import LoadedCheckpoint
+from agentenv.trainer.deepspeed_strategy import OpenRLHFBackendConfig
 from agentenv.trainer.learner_config import LearnerConfig, ObjectiveConfig, OptimConfig
-from agentenv.trainer.openrlhf_backend import OpenRLHFBackendConfig, OpenRLHFLearner
+from agentenv.trainer.openrlhf_backend import OpenRLHFLearner
 from agentenv.trainer.openrlhf_compat import import_openrlhf
 from agentenv.trainer.update_step import UpdateStats
 from agentenv.trajectory import Trajectory

@@ -27,9 +27,9 @@ pytest.importorskip("openrlhf", reason="needs openrlhf: run scripts/install_open
 
 from agentenv.errors import ConfigError, DataError  # noqa: E402
 from agentenv.trainer.cpu_data_parallel import run_cpu_data_parallel  # noqa: E402
+from agentenv.trainer.deepspeed_strategy import OpenRLHFBackendConfig  # noqa: E402
 from agentenv.trainer.learner import Learner  # noqa: E402
 from agentenv.trainer.learner_config import LearnerConfig, ObjectiveConfig, OptimConfig  # noqa: E402
-from agentenv.trainer.openrlhf_backend import OpenRLHFBackendConfig  # noqa: E402
 
 from .conftest import make_trajectories, on_policy, tiny_model  # noqa: E402
 

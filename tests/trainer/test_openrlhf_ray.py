@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parents[2]
 def test_ray_learner_group_two_cpu_actors_match_single_process_learner(monkeypatch):
     import ray
 
-    from agentenv.trainer.openrlhf_backend import OpenRLHFBackendConfig
+    from agentenv.trainer.deepspeed_strategy import OpenRLHFBackendConfig
     from agentenv.trainer.ray_learner import RayLearnerGroup
 
     # the actors unpickle the model factory from tests.trainer.conftest: give them the repo on the path
