@@ -227,8 +227,12 @@ class _Clock:
             raise _DeadlineHit(what, seconds, "generation" if turn else "env") from None
 
 
-def _append_output(traj: Trajectory, out: GenerationOutput) -> None:
-    """Append an engine output to ``traj``, one segment piece per version span."""
+def append_output(traj: Trajectory, out: GenerationOutput) -> None:
+    """Append an engine output to ``traj`` as policy tokens, one segment piece per version span.
+
+    Raises:
+        EngineError: The output has no version spans, or they do not cover its tokens.
+    """
     if not out.spans:
         raise EngineError("engine returned tokens without version spans")
     pos = 0
@@ -365,7 +369,7 @@ async def run_episode_samples(
             except _DeadlineHit:
                 info["turn_endings"].append("deadline")
                 raise
-            _append_output(traj, out)
+            append_output(traj, out)
             info["turns"] += 1
             ending = turn_ending(out, renderer.stop_token_ids, budget=budget, per_turn=cfg.max_new_tokens_per_turn,
                                  context_left=context_left)

@@ -24,6 +24,7 @@ from agentenv.rollout import is_token_budget_cut
 from agentenv.step_latency import StepLatency
 from agentenv.trainer.config import TrainConfig
 from agentenv.trainer.learner_contract import PolicyLearner
+from agentenv.trainer.sync_check import SyncCheck, sync_check
 from agentenv.trainer.warmup import WARMUP_SEED
 from agentenv.trajectory import Trajectory
 
@@ -271,6 +272,9 @@ class LoopParts:
         rebuild_engine: ``async (dead, learner, build) -> engine``: a fresh engine serving the learner's
             latest weights when one dies, ``build`` being ``model -> engine``
             (:func:`agentenv.engines.supervised.rebuild_from_learner`).
+        sync_check: ``cfg -> SyncCheck | None``: the check that the engine samples the version it claims
+            after each weight sync (:func:`agentenv.trainer.sync_check.sync_check`); a loop whose engine
+            is scripted, not the learner's policy, passes ``lambda cfg: None``.
     """
 
     # looked up when a LoopParts is made, so a process that replaced a builder in this module gets it
@@ -281,6 +285,7 @@ class LoopParts:
     build_engine: Callable[[TrainConfig, torch.nn.Module, Any], GenerationEngine] = field(
         default_factory=lambda: build_engine)
     rebuild_engine: Callable[..., Awaitable[GenerationEngine]] = field(default_factory=lambda: rebuild_from_learner)
+    sync_check: Callable[[TrainConfig], SyncCheck | None] = field(default_factory=lambda: sync_check)
 
 
 # -- logging --------------------------------------------------------------------------------------

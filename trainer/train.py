@@ -58,6 +58,7 @@ from agentenv.trainer.plots import plot_run
 from agentenv.trainer.resume import Resumed, ensure_run_id, run_identity, run_state
 from agentenv.trainer.resume import resume as resume_run
 from agentenv.trainer.setup import LoopParts
+from agentenv.trainer.sync_check import SyncCheck
 from agentenv.trainer.update_step import UpdateStats
 from agentenv.trajectory import Trajectory
 
@@ -125,6 +126,8 @@ class _Run:
     learner_lock: asyncio.Lock
     identity: dict[str, Any]
     resumed: Resumed = field(default_factory=Resumed)
+    sync_check: SyncCheck | None = None  # the engine samples the version it claims (trainer/sync_check.py)
+    sync_gap: float | None = None  # the latest probe gap (nats per token)
     saved_version: int = 0  # the version of the latest checkpoint
     batches: int = 0  # consumed, with or without an optimizer step
 
@@ -188,9 +191,10 @@ async def _train(cfg: TrainConfig, run_dir: Path, parts: LoopParts, *, resume: b
                 break
             wait_s, t_update, consumed_at = time.time() - t_wait, time.time(), run.learner.version
             stats = await _update(run, selection)                               # 4. one step, weights to the engine
+            update_s = time.time() - t_update
+            await _check_sync(run, selection, stats)                            #    it samples what it claims
             run.batches += 1
-            summary = _log(run, logs, selection, stats, consumed_at, wait_s, time.time() - t_update,  # 5. logging
-                           t_start)
+            summary = _log(run, logs, selection, stats, consumed_at, wait_s, update_s, t_start)  # 5. logging
             progress.set_postfix(setup.postfix(summary), refresh=False)
             progress.update(int(stats.stepped))
             if stats.stepped and run.learner.version % cfg.run.checkpoint_every == 0:
@@ -272,6 +276,7 @@ async def _open(cfg: TrainConfig, run_dir: Path, parts: LoopParts, resume: bool,
     )
     run = _Run(cfg, run_dir, learner, engine, renderer, pool, collector, CheckpointManager(run_dir / "checkpoints"),
                instruments, learner_lock, run_identity(cfg, group_size, ensure_run_id(run_dir)))
+    run.sync_check = parts.sync_check(cfg)
     if resume:
         run.resumed = resume_run(run_dir, run.checkpoints, learner, pool, collector, run.identity)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
@@ -335,6 +340,17 @@ async def _update(run: _Run, selection: BatchSelection) -> UpdateStats:
     return stats
 
 
+async def _check_sync(run: _Run, selection: BatchSelection, stats: UpdateStats) -> None:
+    """After a step: the engine samples the version it now claims (:mod:`agentenv.trainer.sync_check`).
+
+    Raises:
+        SamplingMismatch: The weight sync did not take.
+    """
+    if stats.stepped and run.sync_check is not None:
+        run.sync_check.take_prompts(selection.batch)
+        run.sync_gap = await run.sync_check.after_sync(run.engine, run.learner, run.learner.version)
+
+
 def _step(learner: PolicyLearner, selection: BatchSelection) -> UpdateStats:
     """One learner update on the selected batch (in a worker thread), then the ``update`` pause point."""
     stats = learner.update(selection.batch, scores=selection.scores)
@@ -353,6 +369,8 @@ def _log(run: _Run, logs: _Logs, selection: BatchSelection, stats: UpdateStats, 
                                t_start, consumed_at=consumed_at)
     row["pool/rejected"] = len(logs.rejected_now)
     row.update(run.instruments.figures())  # probe entropy, busy/* since the loop began, faults/*
+    if run.sync_gap is not None:
+        row["sync/probe_logprob_gap"] = run.sync_gap
     row["train/batches"] = run.batches
     row.update(run.resumed.figures())  # resume/count, resume/requeued_tasks_total (in-flight tasks replayed)
     logs.metrics.log(run.batches, row)

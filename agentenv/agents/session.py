@@ -32,7 +32,7 @@ from typing import Any
 
 from agentenv.engines.base import GenerationEngine, GenerationOutput, SamplingParams
 from agentenv.errors import EngineError, TemplateError
-from agentenv.rollout import TOKEN_BUDGET_ENDINGS, RolloutConfig, turn_ending
+from agentenv.rollout import TOKEN_BUDGET_ENDINGS, RolloutConfig, append_output, turn_ending
 from agentenv.trajectory import Trajectory
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -301,7 +301,7 @@ class AgentSession:
             prompt = list(traj.token_ids)
             try:
                 out = await self.engine.generate(prompt, params)
-                _append_output(traj, out)
+                append_output(traj, out)
             except EngineError as exc:
                 raise OpenAIError(500, f"engine: {exc}", code="engine_error", type_="server_error") from exc
             self.log.append((prompt, out))
@@ -340,19 +340,6 @@ class AgentSession:
             message["reasoning_content"] = parsed.reasoning
         finish = "tool_calls" if calls else "length" if ending in TOKEN_BUDGET_ENDINGS else "stop"
         return message, finish
-
-
-def _append_output(traj: Trajectory, out: GenerationOutput) -> None:
-    """Append an engine output to ``traj``, one segment piece per version span."""
-    if not out.spans:
-        raise EngineError("engine returned tokens without version spans")
-    pos = 0
-    for span in out.spans:
-        traj.append_policy_tokens(out.token_ids[pos:pos + span.num_tokens], out.logprobs[pos:pos + span.num_tokens],
-                                  span.version, span.prefix_version)
-        pos += span.num_tokens
-    if pos != len(out.token_ids):
-        raise EngineError(f"version spans cover {pos} of {len(out.token_ids)} tokens")
 
 
 def finish_samples(samples: Sequence[Trajectory], info: Mapping[str, Any], *, reward: float, status: str,

@@ -104,7 +104,8 @@ def loop(tmp_path):
         parts = LoopParts(load_policy=lambda cfg, **_: (tiny_lm(), None, CharRenderer()),
                           env_factory=lambda cfg, *_: env_factory, build_learner=recording_learner(batches))
         if engine is not None:
-            parts = replace(parts, build_engine=lambda cfg, model, tok: engine())
+            parts = replace(parts, build_engine=lambda cfg, model, tok: engine(),
+                            sync_check=lambda cfg: None)  # a scripted engine samples no policy
         cfg, _ = recipe.parse_args(["--run-dir", str(tmp_path / "run"), *OVERRIDES, *extra])
         run_dir = recipe.prepare_run_dir(cfg, resume=False, overwrite=False)
         stop = threading.Event()

@@ -95,7 +95,8 @@ def test_the_engine_lags_k_versions_and_the_recorded_staleness_shows_it(tmp_path
 def test_every_gate_trains_under_the_lag_and_logs_its_admission(tmp_path, gate, delta, share):
     parts = LoopParts(load_policy=lambda cfg, **_: (tiny_lm(), None, CharRenderer()),
                       build_engine=lambda cfg, model, tok: ScriptedEngine(["done", "no"]),
-                      env_factory=lambda cfg, *_: CountdownEnv)
+                      env_factory=lambda cfg, *_: CountdownEnv,
+                      sync_check=lambda cfg: None)  # a scripted engine samples no policy
     overrides = [o for o in OVERRIDES if not o.startswith("objective.delta")]
     cfg, _ = recipe.parse_args(["--run-dir", str(tmp_path / "run"), *overrides, "--updates", "3",
                                 "staleness.policy=none", "staleness.forced_lag=1", f"objective.gate={gate}",

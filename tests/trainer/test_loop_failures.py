@@ -87,7 +87,8 @@ def scripted_parts(batches: list) -> LoopParts:
     """A random 2-layer Llama learner recording its batches, served by a ScriptedEngine to CharRenderer prompts."""
     return LoopParts(load_policy=lambda cfg, **_: (tiny_lm(), None, CharRenderer()),
                      build_engine=lambda cfg, model, tok: ScriptedEngine(["done", "no", "no"], max_context_tokens=64),
-                     build_learner=recording_learner(batches))
+                     build_learner=recording_learner(batches),
+                     sync_check=lambda cfg: None)  # a scripted engine samples no policy
 
 
 @pytest.fixture

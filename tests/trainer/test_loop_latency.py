@@ -53,7 +53,7 @@ def test_scoring_weight_copy_and_checkpoint_run_off_the_event_loop(tmp_path):
 
     parts = LoopParts(load_policy=lambda cfg, **_: (tiny_lm(), None, CharRenderer()),
                       build_engine=lambda cfg, model, tok: ScriptedEngine(["done", "no"]), build_learner=slowed,
-                      env_factory=lambda cfg, *_: CountdownEnv)
+                      env_factory=lambda cfg, *_: CountdownEnv, sync_check=lambda cfg: None)  # scripted engine
     overrides = [o for o in OVERRIDES if not o.startswith(("staleness.drift_mode", "run.checkpoint_every"))]
     cfg, _ = recipe.parse_args(["--run-dir", str(tmp_path / "run"), *overrides, "--updates", "3",
                                 "staleness.drift_mode=scoring", "run.checkpoint_every=1"])

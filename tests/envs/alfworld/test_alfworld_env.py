@@ -179,12 +179,14 @@ async def test_concurrent_games_do_not_block_the_loop(seen: list[GameRef]) -> No
     assert [i["game_index"] for _, i in infos] == [0, 30, 60, 90]
     assert len({i["task_type"] for _, i in infos}) >= 2
     # The loop kept ticking while the games loaded. Resets run on the loop would stall it for all of
-    # `elapsed` (the four would run back to back before the ticker woke once); in worker threads the
-    # loop is stalled (gaps over 0.1 s) for a small share of it. Single long gaps do happen off the
-    # loop: the CI once saw one of 0.73 s in 5.7 s, as the GIL went to other threads of a long test
-    # session, so the bound is on the stalled share, relative to the measured time.
+    # `elapsed` in one gap (the four would run back to back before the ticker woke once); in worker
+    # threads the ticker keeps waking. On a loaded machine the GIL goes to the loading threads for
+    # long stretches (gaps over 0.1 s took 7.2 s of 12.3 with two other CPU-bound processes on the 2
+    # cores, the longest 1.5 s), so the bounds are on the longest gap and the stalled share, both
+    # relative to the measured time and far from the one-gap stall of resets on the loop.
     stalled = sum(g for g in gaps if g > 0.1)
-    assert elapsed > 0.5 and stalled < elapsed / 2, (elapsed, stalled, sorted(gaps)[-5:])
+    assert elapsed > 0.5 and max(gaps) < elapsed / 2 and stalled < 0.8 * elapsed, \
+        (elapsed, stalled, sorted(gaps)[-5:])
     assert len(gaps) >= 10
     for e in envs:
         await e.close()

@@ -1,0 +1,160 @@
+"""The sampling check: the engine samples the policy version it claims, or the run stops naming the version.
+
+A real TransformersEngine and the single-process Learner on a random 1-layer Llama; the sync that
+"does nothing" is an engine that takes each new version number but keeps its weights (as an engine
+that reloaded an adapter under the same name and kept serving the old one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import replace
+from typing import ClassVar
+
+import pytest
+import torch
+
+from agentenv.core import Env, StepResult
+from agentenv.engines.base import GenerationOutput, TokenSpan
+from agentenv.engines.transformers_engine import TransformersEngine
+from agentenv.trainer import recipe
+from agentenv.trainer import train as train_loop
+from agentenv.trainer.setup import LoopParts
+from agentenv.trainer.sync_check import (
+    BFLOAT16_BOUND,
+    FLOAT32_BOUND,
+    PROBE_ROWS,
+    PROBE_TOKENS,
+    SamplingMismatch,
+    gap_bound,
+    sync_check,
+)
+from tests.fakes import CharRenderer
+
+pytestmark = pytest.mark.timeout(120)
+
+OVERRIDES = ["warmup.steps=0", "eval.problems=0", "run.batch_size=8", "run.concurrency=8", "run.max_pool_size=16",
+             "run.checkpoint_every=100", "rollout.max_turns=1", "rollout.max_new_tokens_per_turn=2",
+             "rollout.max_total_tokens=4", "learner.micro_batch_size=8", "optim.lr=0.05", "optim.lr_schedule=constant",
+             "optim.warmup_ratio=0", "objective.delta=100.0", "staleness.drift_mode=token_share",
+             "model.max_batch_size=8", "--updates", "3"]
+
+
+class EvenCharEnv(Env[str, str]):
+    """Reply with a character; reward 1.0 when its code point is even (about half of a random model's replies)."""
+
+    cut_turn: ClassVar[str] = "act"
+
+    async def reset(self, *, seed=None, options=None):
+        await super().reset(seed=seed)
+        return "pick", {"task_id": f"even-{seed}"}
+
+    async def step(self, action):
+        return StepResult("", 1.0 if action and ord(action[0]) % 2 == 0 else 0.0, True, False, {})
+
+
+def tiny_lm() -> torch.nn.Module:
+    import transformers
+
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                   num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)
+    return transformers.LlamaForCausalLM(cfg).eval()
+
+
+class DeafEngine:
+    """Takes every new version number and keeps its weights: its tokens say the new version, its samples the old."""
+
+    def __init__(self, engine: TransformersEngine) -> None:
+        self.engine = engine
+        self._version = 0
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    @property
+    def max_context_tokens(self) -> int:
+        return self.engine.max_context_tokens
+
+    async def generate(self, prompt_ids, params) -> GenerationOutput:
+        out = await self.engine.generate(prompt_ids, params)
+        return replace(out, spans=[TokenSpan(s.num_tokens, self._version, self._version) for s in out.spans])
+
+    async def update_weights(self, weights, version) -> None:
+        self._version = version  # the weights are dropped
+
+    async def close(self) -> None:
+        await self.engine.close()
+
+
+def run(tmp_path, build_engine=None):
+    parts = LoopParts(load_policy=lambda cfg, **_: (tiny_lm(), None, CharRenderer()),
+                      env_factory=lambda cfg, *_: EvenCharEnv)
+    if build_engine is not None:
+        parts = replace(parts, build_engine=build_engine)
+    cfg, _ = recipe.parse_args(["--run-dir", str(tmp_path / "run"), *OVERRIDES])
+    run_dir = recipe.prepare_run_dir(cfg, resume=False, overwrite=False)
+    return asyncio.run(asyncio.wait_for(train_loop.train(cfg, run_dir, parts=parts), 100)), run_dir
+
+
+def test_a_correct_sync_logs_a_gap_within_the_bound_after_every_update(tmp_path):
+    summary, run_dir = run(tmp_path)
+    assert summary["updates"] == 3
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    gaps = [r["sync/probe_logprob_gap"] for r in rows if r["learner/stepped"]]
+    assert len(gaps) == 3
+    # float32 engine and learner at the same weights: numerics only, far below the bound
+    assert all(0 <= g < FLOAT32_BOUND / 10 for g in gaps), gaps
+
+
+def test_a_sync_that_does_not_take_stops_the_run_at_the_first_update(tmp_path):
+    def deaf(cfg, model, tokenizer):
+        return DeafEngine(TransformersEngine(model, None, max_batch_size=8, seed=cfg.run.seed))
+
+    with pytest.raises(SamplingMismatch, match=r"does not sample policy version 1: .* nats per token \(bound 1e-05\)"):
+        run(tmp_path, deaf)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert rows == []  # stopped before the first update was logged
+
+
+async def test_an_engine_that_labels_another_version_is_named():
+    engine = TransformersEngine(tiny_lm(), None, max_batch_size=2, seed=0)
+    cfg, _ = recipe.parse_args(["warmup.steps=0"])
+    check = sync_check(cfg)
+    check.prompts = [[1, 2, 3]]
+    try:
+        with pytest.raises(SamplingMismatch, match=r"sync to policy version 4 the engine sampled the probe under "
+                                                   r"version\(s\) \[0\]"):
+            await check.after_sync(engine, learner=None, version=4)  # the engine still serves version 0
+    finally:
+        await engine.close()
+
+
+def test_the_probe_is_the_first_rows_prompts_taken_once():
+    from agentenv.trajectory import Trajectory
+
+    cfg, _ = recipe.parse_args([])
+    check = sync_check(cfg)
+    assert (check.params.max_new_tokens, check.params.temperature, check.params.top_p) == (PROBE_TOKENS, 1.0, 1.0)
+
+    def traj(prompt, reply):
+        t = Trajectory()
+        t.append_environment_tokens(prompt)
+        t.prompt_length = len(prompt)
+        t.append_policy_tokens(reply, [-1.0] * len(reply), 0, 0)
+        return t
+
+    batch = [traj([i, i + 1], [9]) for i in range(6)]
+    check.take_prompts(batch)
+    assert check.prompts == [[i, i + 1] for i in range(PROBE_ROWS)]
+    check.take_prompts([traj([7], [9])])  # later batches do not change the probe
+    assert check.prompts == [[i, i + 1] for i in range(PROBE_ROWS)]
+
+
+def test_the_bound_follows_the_engines_precision_and_a_forced_lag_turns_the_check_off():
+    assert gap_bound(recipe.parse_args([])[0]) == FLOAT32_BOUND
+    assert gap_bound(recipe.parse_args(["model.engine=vllm"])[0]) == BFLOAT16_BOUND
+    assert gap_bound(recipe.parse_args(["model.device=cuda"])[0]) == BFLOAT16_BOUND
+    assert sync_check(recipe.parse_args(["staleness.forced_lag=2", "staleness.policy=none"])[0]) is None
