@@ -136,10 +136,13 @@ class _Run:
         """Rollouts per task."""
         return rollouts_per_task(self.cfg)
 
-    def save(self) -> None:
-        """A checkpoint of the learner, the pool and the tasks in flight (the state is taken by the caller's thread)."""
-        self.checkpoints.save(self.learner, extra=run_state(self.pool, self.collector, self.identity, self.run_dir,
-                                                             self.resumed))
+    def state(self) -> dict[str, Any]:
+        """The pool, the task stream and the tasks in flight for a checkpoint (take it on the event loop)."""
+        return run_state(self.pool, self.collector, self.identity, self.run_dir, self.resumed)
+
+    def save(self, state: dict[str, Any]) -> None:
+        """A checkpoint of the learner with ``state`` (:meth:`state`); may run in a worker thread."""
+        self.checkpoints.save(self.learner, extra=state)
         self.saved_version = self.learner.version
 
 
@@ -198,7 +201,7 @@ async def _train(cfg: TrainConfig, run_dir: Path, parts: LoopParts, *, resume: b
             progress.set_postfix(setup.postfix(summary), refresh=False)
             progress.update(int(stats.stepped))
             if stats.stepped and run.learner.version % cfg.run.checkpoint_every == 0:
-                await asyncio.to_thread(run.save)  # the write runs in a thread (meanwhile the pool waits on the loop)
+                await asyncio.to_thread(run.save, run.state())  # the state taken on the loop, written in a thread
     finally:
         loop_busy = run.instruments.end_loop()
         progress.close()
@@ -391,7 +394,7 @@ async def _close(run: _Run, stop: asyncio.Event, saved_at_start: int) -> float |
     """
     cfg, learner, engine = run.cfg, run.learner, run.engine
     if learner.version != run.saved_version:
-        run.save()
+        run.save(run.state())
     unevaluated = learner.version > 0 and not (run.run_dir / "eval_after.json").exists()
     trained = learner.version > saved_at_start or unevaluated
     after = None

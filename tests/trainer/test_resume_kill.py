@@ -63,9 +63,17 @@ def installed(tmp_path_factory):
     tokenizer.save_pretrained(model)
     site = tmp / "site"
     (site / "resume_kill_plugin-0.dist-info").mkdir(parents=True)
+    # every reset takes 1 s: 4 episodes at a time deliver a batch about every second, slower than the
+    # learner takes it, so the pool never fills up and episodes are in flight whenever a checkpoint is
+    # taken (with instant episodes the pool could be full, and nothing in flight, at every checkpoint)
     (site / "resume_kill_plugin.py").write_text(
-        "from agentenv import register\n\n\ndef register_envs():\n"
-        "    register('tests/RepeatNumber-v0', 'tests.tiny_env:RepeatNumberEnv')\n")
+        "import asyncio\n\nfrom agentenv import register\nfrom tests.tiny_env import RepeatNumberEnv\n\n\n"
+        "class SlowStartRepeatNumberEnv(RepeatNumberEnv):\n"
+        "    async def reset(self, *, seed=None, options=None):\n"
+        "        await asyncio.sleep(1.0)\n"
+        "        return await super().reset(seed=seed, options=options)\n\n\n"
+        "def register_envs():\n"
+        "    register('tests/RepeatNumber-v0', 'resume_kill_plugin:SlowStartRepeatNumberEnv')\n")
     (site / "resume_kill_plugin-0.dist-info" / "METADATA").write_text(
         "Metadata-Version: 2.1\nName: resume-kill-plugin\nVersion: 0\n")
     (site / "resume_kill_plugin-0.dist-info" / "entry_points.txt").write_text(
