@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from typing import ClassVar
 
 from agentenv.core import Env, StepResult
 from agentenv.engines.base import GenerationOutput, SamplingParams, TokenSpan
@@ -132,3 +133,31 @@ class CountdownEnv(Env[str, str]):
         if "done" in action:
             return StepResult("won", 1.0, True, False, {"steps": self._t})
         return StepResult(f"again{self._t}", 0.0, False, self._t >= self.limit, {"steps": self._t})
+
+
+class EvenCharEnv(Env[str, str]):
+    """Reply with a character; reward 1.0 when its code point is even (about half of a random model's replies).
+
+    One step per episode; a reply cut by the token budget is graded as it is (``cut_turn = "act"``).
+    """
+
+    cut_turn: ClassVar[str] = "act"
+
+    async def reset(self, *, seed=None, options=None):
+        await super().reset(seed=seed)
+        return "pick", {"task_id": f"even-{seed}"}
+
+    async def step(self, action):
+        return StepResult("", 1.0 if action and ord(action[0]) % 2 == 0 else 0.0, True, False, {})
+
+
+def tiny_llama(*, vocab_size: int = 1024, hidden_size: int = 32, max_position_embeddings: int = 64):
+    """A random one-layer Llama (seed 0), in eval mode: a real transformers model in milliseconds."""
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+                                   num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                                   max_position_embeddings=max_position_embeddings)
+    return transformers.LlamaForCausalLM(cfg).eval()

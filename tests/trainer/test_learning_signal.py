@@ -17,16 +17,13 @@ from __future__ import annotations
 import asyncio
 import json
 import statistics
-from typing import ClassVar
 
 import pytest
-import torch
 
-from agentenv.core import Env, StepResult
 from agentenv.trainer import recipe
 from agentenv.trainer import train as train_loop
 from agentenv.trainer.setup import LoopParts
-from tests.fakes import CharRenderer
+from tests.fakes import CharRenderer, EvenCharEnv, tiny_llama
 
 pytestmark = [pytest.mark.timeout(300)]
 
@@ -40,31 +37,8 @@ OVERRIDES = [
 ]
 
 
-class EvenCharEnv(Env[str, str]):
-    """Reply with one character; reward 1.0 when its code point is even. One step per episode."""
-
-    cut_turn: ClassVar[str] = "act"  # the reply is one token long by design: grade it as it is
-
-    async def reset(self, *, seed=None, options=None):
-        await super().reset(seed=seed)
-        return "pick", {"task_id": f"even-{seed}"}
-
-    async def step(self, action):
-        reward = 1.0 if action and ord(action[0]) % 2 == 0 else 0.0
-        return StepResult("", reward, True, False, {})
-
-
-def tiny_lm() -> torch.nn.Module:
-    import transformers
-
-    torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(vocab_size=1024, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                   num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)
-    return transformers.LlamaForCausalLM(cfg).eval()
-
-
 def test_the_async_loop_learns_a_small_task(tmp_path):
-    parts = LoopParts(load_policy=lambda cfg, **_: (tiny_lm(), None, CharRenderer()),
+    parts = LoopParts(load_policy=lambda cfg, **_: (tiny_llama(), None, CharRenderer()),
                       env_factory=lambda cfg, *_: EvenCharEnv)
     cfg, _ = recipe.parse_args(["--run-dir", str(tmp_path / "run"), *OVERRIDES])
     run_dir = recipe.prepare_run_dir(cfg, resume=False, overwrite=False)

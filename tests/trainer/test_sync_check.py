@@ -10,12 +10,9 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import replace
-from typing import ClassVar
 
 import pytest
-import torch
 
-from agentenv.core import Env, StepResult
 from agentenv.engines.base import GenerationOutput, TokenSpan
 from agentenv.engines.transformers_engine import TransformersEngine
 from agentenv.trainer import recipe
@@ -30,7 +27,7 @@ from agentenv.trainer.sync_check import (
     gap_bound,
     sync_check,
 )
-from tests.fakes import CharRenderer
+from tests.fakes import CharRenderer, EvenCharEnv, tiny_llama
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -39,28 +36,6 @@ OVERRIDES = ["warmup.steps=0", "eval.problems=0", "run.batch_size=8", "run.concu
              "rollout.max_total_tokens=4", "learner.micro_batch_size=8", "optim.lr=0.05", "optim.lr_schedule=constant",
              "optim.warmup_ratio=0", "objective.delta=100.0", "staleness.drift_mode=token_share",
              "model.max_batch_size=8", "--updates", "3"]
-
-
-class EvenCharEnv(Env[str, str]):
-    """Reply with a character; reward 1.0 when its code point is even (about half of a random model's replies)."""
-
-    cut_turn: ClassVar[str] = "act"
-
-    async def reset(self, *, seed=None, options=None):
-        await super().reset(seed=seed)
-        return "pick", {"task_id": f"even-{seed}"}
-
-    async def step(self, action):
-        return StepResult("", 1.0 if action and ord(action[0]) % 2 == 0 else 0.0, True, False, {})
-
-
-def tiny_lm() -> torch.nn.Module:
-    import transformers
-
-    torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                   num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)
-    return transformers.LlamaForCausalLM(cfg).eval()
 
 
 class DeafEngine:
@@ -90,7 +65,7 @@ class DeafEngine:
 
 
 def run(tmp_path, build_engine=None):
-    parts = LoopParts(load_policy=lambda cfg, **_: (tiny_lm(), None, CharRenderer()),
+    parts = LoopParts(load_policy=lambda cfg, **_: (tiny_llama(vocab_size=300), None, CharRenderer()),
                       env_factory=lambda cfg, *_: EvenCharEnv)
     if build_engine is not None:
         parts = replace(parts, build_engine=build_engine)
@@ -120,7 +95,7 @@ def test_a_sync_that_does_not_take_stops_the_run_at_the_first_update(tmp_path):
 
 
 async def test_an_engine_that_labels_another_version_is_named():
-    engine = TransformersEngine(tiny_lm(), None, max_batch_size=2, seed=0)
+    engine = TransformersEngine(tiny_llama(vocab_size=300), None, max_batch_size=2, seed=0)
     cfg, _ = recipe.parse_args(["warmup.steps=0"])
     check = sync_check(cfg)
     check.prompts = [[1, 2, 3]]
