@@ -20,9 +20,7 @@ from agentenv.trainer import recipe
 from agentenv.trainer import train as train_loop
 from agentenv.trainer.overlap import BusyTrackingEnv, LoopBusy, overlap, timed_env_factory
 from agentenv.trainer.setup import LoopParts
-from tests.fakes import CharRenderer, FakeClock
-
-from .test_learning_signal import tiny_lm
+from tests.fakes import CharRenderer, FakeClock, tiny_llama
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -160,7 +158,7 @@ KEYS = ("busy/engine_s", "busy/env_s", "busy/learner_s")
 
 
 def run_loop(tmp_path, mode):
-    parts = LoopParts(load_policy=lambda cfg, **_: (tiny_lm(), None, CharRenderer()),
+    parts = LoopParts(load_policy=lambda cfg, **_: (tiny_llama(), None, CharRenderer()),
                       env_factory=lambda cfg, *_: SlowToolEnv)
     cfg, _ = recipe.parse_args(["--run-dir", str(tmp_path / mode), *OVERRIDES, f"run.mode={mode}"])
     run_dir = recipe.prepare_run_dir(cfg, resume=False, overwrite=False)
