@@ -59,10 +59,11 @@ class SamplingMismatch(AgentEnvError):
 def gap_bound(cfg: TrainConfig) -> float:
     """The largest probe gap (nats per token) a correct sync shows.
 
-    :data:`FLOAT32_BOUND` for a float32 transformers engine on the CPU, :data:`BFLOAT16_BOUND` where the
-    engine samples in 16-bit floats (vLLM, or a GPU).
+    :data:`FLOAT32_BOUND` for a transformers engine on the CPU with a float32 learner (the policy loads
+    in float32), :data:`BFLOAT16_BOUND` where either side computes in 16-bit floats (vLLM, a GPU, a
+    DeepSpeed learner in bf16 or fp16).
     """
-    float32 = cfg.model.engine == "transformers" and cfg.model.device == "cpu"
+    float32 = cfg.model.engine == "transformers" and cfg.model.device == "cpu" and cfg.learner.param_dtype == "fp32"
     return FLOAT32_BOUND if float32 else BFLOAT16_BOUND
 
 

@@ -132,4 +132,5 @@ def test_the_bound_follows_the_engines_precision_and_a_forced_lag_turns_the_chec
     assert gap_bound(recipe.parse_args([])[0]) == FLOAT32_BOUND
     assert gap_bound(recipe.parse_args(["model.engine=vllm"])[0]) == BFLOAT16_BOUND
     assert gap_bound(recipe.parse_args(["model.device=cuda"])[0]) == BFLOAT16_BOUND
+    assert gap_bound(recipe.parse_args(["learner.backend=openrlhf", "learner.param_dtype=bf16"])[0]) == BFLOAT16_BOUND
     assert sync_check(recipe.parse_args(["staleness.forced_lag=2", "staleness.policy=none"])[0]) is None
