@@ -62,10 +62,14 @@ class Instruments:
         self._timer: asyncio.TimerHandle | None = None
 
     # -- the forced lag ------------------------------------------------------------------------------
-    def start_lag(self, version: int, weights: Any) -> None:
-        """The engine serves ``version`` (``weights``): a forced lag counts from here (after a resume, again)."""
+    async def start_lag(self, learner: PolicyLearner) -> None:
+        """The engine serves the learner's weights: a forced lag counts from here (after a resume, again).
+
+        Without ``staleness.forced_lag`` nothing is copied.
+        """
         if self._forced_lag:
-            self.lag = LaggedWeights(self._forced_lag, version, weights)
+            weights = await asyncio.to_thread(learner.weights_for_engine)
+            self.lag = LaggedWeights(self._forced_lag, learner.version, weights)
 
     def engine_source(self, learner: PolicyLearner) -> Any:
         """What a rebuilt engine loads: the learner, or under a forced lag the lagged weights it should serve."""

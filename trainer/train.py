@@ -285,8 +285,7 @@ async def _open(cfg: TrainConfig, run_dir: Path, parts: LoopParts, resume: bool,
     (run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
     if learner.version != engine.version:
         await engine.update_weights(learner.weights_for_engine(), learner.version)
-    if cfg.staleness.forced_lag:  # the lag counts from here (after a resume it builds up again)
-        instruments.start_lag(learner.version, await asyncio.to_thread(learner.weights_for_engine))
+    await instruments.start_lag(learner)  # staleness.forced_lag counts from here
     run.saved_version = learner.version
     return run
 
