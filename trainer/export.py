@@ -12,7 +12,9 @@ optimizer, but not the model's config, tokenizer or chat template: those are the
 
 so that ``transformers.AutoModelForCausalLM.from_pretrained(OUT)`` and ``agentenv eval --model OUT`` load it
 (the layout vLLM reads too). The weights file is streamed (its header rewritten with the ``format: pt`` metadata
-transformers asks for), so a 7B export needs no more memory than a small one.
+transformers asks for), so a 7B export needs no more memory than a small one. A LoRA run's weights
+(``learner.lora_rank > 0``) are merged into the base weights first (:func:`agentenv.trainer.lora.merged_state_dict`),
+which holds them in memory once.
 """
 
 from __future__ import annotations
@@ -96,14 +98,18 @@ def _checkpoint_dtype(path: Path) -> str:
     return max(set(found), key=found.count) if found else "float32"
 
 
-def _check_keys(checkpoint: Path, config: Any) -> None:
+def _tensor_names(path: Path) -> set[str]:
+    """The tensor names in a safetensors file's header."""
+    with path.open("rb") as f:
+        (size,) = struct.unpack("<Q", f.read(8))
+        return set(json.loads(f.read(size))) - {"__metadata__"}
+
+
+def _check_keys(checkpoint: Path, held: set[str], config: Any) -> None:
     """Refuse weights whose names do not fit the base model's architecture (built on the meta device)."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    with checkpoint.open("rb") as f:
-        (size,) = struct.unpack("<Q", f.read(8))
-        held = set(json.loads(f.read(size))) - {"__metadata__"}
     with torch.device("meta"):
         wanted = set(AutoModelForCausalLM.from_config(config).state_dict())
     missing = sorted(wanted - held - {"lm_head.weight"})  # a tied head is the embedding
@@ -134,7 +140,16 @@ def export(run: Path, out: Path, *, version: int | None = None, overwrite: bool 
     base = resolve_model_path(name)
     config = AutoConfig.from_pretrained(base, local_files_only=True)
     weights = checkpoint / "model.safetensors"
-    _check_keys(weights, config)
+    learner = cfg.get("learner") or {}
+    lora_rank = int(learner.get("lora_rank") or 0)
+    merged = None
+    if lora_rank:  # a LoRA run: the adapters merged into the base weights, under the base model's names
+        from safetensors.torch import load_file
+
+        from agentenv.trainer.lora import merged_state_dict
+
+        merged = merged_state_dict(load_file(str(weights)), rank=lora_rank, alpha=float(learner["lora_alpha"]))
+    _check_keys(weights, set(merged) if merged is not None else _tensor_names(weights), config)
     out = claim_folder(out, EXPORT, overwrite=overwrite)
     tokenizer = AutoTokenizer.from_pretrained(base, local_files_only=True)
     if name is None or str(name) in DEFAULT_ALIASES:  # the run rendered with the tool-aware template
@@ -148,7 +163,12 @@ def export(run: Path, out: Path, *, version: int | None = None, overwrite: bool 
     except OSError:  # the base has none: transformers' defaults apply
         pass
     tokenizer.save_pretrained(out)
-    copy_safetensors(weights, out / "model.safetensors", {"format": "pt"})
+    if merged is None:
+        copy_safetensors(weights, out / "model.safetensors", {"format": "pt"})
+    else:
+        from safetensors.torch import save_file
+
+        save_file(merged, str(out / "model.safetensors"), metadata={"format": "pt"})
     meta = read_meta(checkpoint)
     (out / EXPORT.sign).write_text(json.dumps({
         "run": str(run.resolve()), "version": int(meta["version"]), "checkpoint": checkpoint.name,

@@ -46,6 +46,7 @@ from agentenv.trainer.forward import (
     token_logprobs,
 )
 from agentenv.trainer.learner_config import LearnerConfig, ObjectiveConfig, OptimConfig
+from agentenv.trainer.lora import adapter_state, has_adapters
 from agentenv.trainer.lr_schedule import apply_optim_settings, build_scheduler, log_applied
 from agentenv.trainer.objectives import ObjectiveStats
 from agentenv.trainer.update_step import (
@@ -123,6 +124,7 @@ class Learner:
         )
         self.scheduler = build_scheduler(self.optimizer, optim, total_steps)
         self._params = params
+        self._adapters = has_adapters(model)  # LoRA: only the adapters train and go to the engine
 
     # -- scoring ----------------------------------------------------------------------------------
     @property
@@ -363,15 +365,14 @@ class Learner:
         the state dict every name of a tied group maps to that one copy; the file holds the first
         name only (what :func:`agentenv.engines.weights.check_state_dict` needs).
 
+        A model with LoRA adapters (``learner.lora_rank``) gives its adapter tensors only: the base
+        weights never change, and the engine's copy of the model has the same adapters
+        (:func:`agentenv.engines.weights.check_state_dict`).
+
         Returns:
             The state dict or the file path.
         """
-        sd: dict[str, torch.Tensor] = {}
-        copies: dict[tuple, str] = {}  # (address, shape, strides) of a model tensor -> its first name
-        for k, v in self.model.state_dict().items():
-            where = (v.device, v.data_ptr(), tuple(v.shape), v.stride())
-            first = copies.setdefault(where, k)
-            sd[k] = sd[first] if first != k else v.detach().to("cpu", copy=True).contiguous()
+        sd = adapter_state(self.model) if self._adapters else _cpu_state_dict(self.model)
         if path is None:
             return sd
         from safetensors.torch import save_file
@@ -379,9 +380,23 @@ class Learner:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.tmp")
-        save_file({k: sd[k] for k in copies.values()}, str(tmp), metadata={"version": str(self.version)})
+        firsts: dict[int, str] = {}  # one name per tied group: safetensors refuses shared tensors
+        for k, v in sd.items():
+            firsts.setdefault(id(v), k)
+        save_file({k: sd[k] for k in firsts.values()}, str(tmp), metadata={"version": str(self.version)})
         tmp.replace(path)
         return path
+
+
+def _cpu_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Detached CPU copies of ``model``'s state dict, each tied group copied once (its names share the copy)."""
+    sd: dict[str, torch.Tensor] = {}
+    copies: dict[tuple, str] = {}  # (address, shape, strides) of a model tensor -> its first name
+    for k, v in model.state_dict().items():
+        where = (v.device, v.data_ptr(), tuple(v.shape), v.stride())
+        first = copies.setdefault(where, k)
+        sd[k] = sd[first] if first != k else v.detach().to("cpu", copy=True).contiguous()
+    return sd
 
 
 # -- shared by the learners (this one and agentenv.trainer.openrlhf_backend) ---------------------------

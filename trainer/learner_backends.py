@@ -73,18 +73,25 @@ def build_learner(cfg: TrainConfig, model: torch.nn.Module, *, warmed_up: bool =
     Args:
         cfg: The run's config (``learner``, ``optim``, ``objective``, ``run.batch_size``, ``model``; ``rollout``'s
             temperature, top_p and top_k become the learner's :class:`SamplingTransform`).
-        model: The loaded policy. ``single`` trains it in place, ``openrlhf`` a copy; ``ray`` actors load
-            their own copy (by ``model.name``, on their GPU) and, when ``warmed_up``, receive this
-            model's weights instead (the warm-up exists only in this process).
+        model: The loaded policy. ``single`` trains it in place (with ``learner.lora_rank``, LoRA
+            adapters are added to it first, :func:`agentenv.trainer.lora.add_lora`), ``openrlhf`` a
+            copy; ``ray`` actors load their own copy (by ``model.name``, on their GPU) and, when
+            ``warmed_up``, receive this model's weights instead (the warm-up exists only in this process).
         warmed_up: ``model`` differs from the checkpoint on disk (the cached tool-use warm-up).
 
     Raises:
-        ConfigError: OpenRLHF, DeepSpeed or Ray missing, or an inconsistent DeepSpeed geometry.
+        ConfigError: OpenRLHF, DeepSpeed or Ray missing, an inconsistent DeepSpeed geometry, or a LoRA
+            target the model does not have.
     """
     backend = cfg.learner.backend
     if backend == "single":
         from agentenv.trainer.learner import Learner
 
+        if cfg.learner.lora_rank:  # adapters added in place: the engine's copy of ``model`` gets them too
+            from agentenv.trainer.lora import add_lora
+
+            add_lora(model, rank=cfg.learner.lora_rank, alpha=cfg.learner.lora_alpha,
+                     targets=cfg.learner.lora_target_modules)
         return Learner(model, cfg.optim, objective=cfg.objective, execution=cfg.learner,
                        sampling=sampling_transform(cfg), total_steps=cfg.run.updates)
     if backend == "openrlhf":

@@ -204,6 +204,15 @@ class LearnerConfig:
             instead of keeping them (transformers' activation checkpointing, non-reentrant):
             activation memory of a row drops from all layers to about one, for one extra forward.
             The gradient is unchanged.
+        lora_rank: 0 (default): train every weight. ``r >= 1``: train LoRA adapters of rank ``r`` on
+            ``lora_target_modules`` only, the base weights frozen, and sync only the adapters to the
+            engine (:mod:`agentenv.trainer.lora`; the single backend with the transformers engine).
+        lora_alpha: LoRA's scale numerator: the update is ``(lora_alpha / lora_rank) B A``. 32 as in
+            "LoRA Without Regret" (Schulman et al., Thinking Machines, 2025), which also finds the best
+            LoRA lr about 10x the full fine-tuning one.
+        lora_target_modules: Linear layers to adapt, by their last name component (``q_proj``,
+            ``v_proj``, ...), or ``["all-linear"]``: every linear layer but the output projection (the
+            same reference: attention-only LoRA learns worse).
     """
 
     MOVED_FIELDS: ClassVar[dict[str, str]] = {
@@ -227,6 +236,9 @@ class LearnerConfig:
     max_tokens_per_micro_batch: int | None = None
     logprob_chunk_tokens: int = DEFAULT_CHUNK_TOKENS
     gradient_checkpointing: bool = False
+    lora_rank: int = 0
+    lora_alpha: float = 32.0
+    lora_target_modules: tuple[str, ...] = ("all-linear",)
 
     def __post_init__(self) -> None:
         if self.backend not in ("single", "openrlhf", "ray"):
@@ -248,6 +260,13 @@ class LearnerConfig:
         if self.max_tokens_per_micro_batch is not None and self.max_tokens_per_micro_batch < 1:
             raise ConfigError(f"learner.max_tokens_per_micro_batch must be >= 1 token (or null: rows only), "
                               f"got {self.max_tokens_per_micro_batch}")
+        if self.lora_rank < 0:
+            raise ConfigError(f"learner.lora_rank must be >= 0 (0: full fine-tuning), got {self.lora_rank}")
+        if self.lora_rank and not self.lora_alpha > 0:
+            raise ConfigError(f"learner.lora_alpha must be > 0, got {self.lora_alpha}")
+        if self.lora_rank and self.backend != "single":
+            raise ConfigError(f"learner.lora_rank={self.lora_rank} (LoRA) runs on learner.backend 'single' only, "
+                              f"not '{self.backend}'; set learner.lora_rank=0 to train every weight there")
         if self.logprob_chunk_tokens < 1:
             raise ConfigError(f"learner.logprob_chunk_tokens must be >= 1 token per vocabulary projection, "
                               f"got {self.logprob_chunk_tokens}")

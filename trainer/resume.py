@@ -110,10 +110,17 @@ def ensure_run_id(run_dir: Path) -> str:
 
 
 def run_identity(cfg: Any, group_size: int, run_id: str | None = None) -> dict[str, Any]:
-    """What a checkpoint must match to be resumed: model, env and its kwargs, objective, group size, run id."""
+    """What a checkpoint must match to be resumed: model, env and its kwargs, objective, group size, LoRA, run id.
+
+    ``lora`` is None for full fine-tuning, else the adapters' rank, alpha and targets (their tensors'
+    shapes and the update's scale).
+    """
+    lora = cfg.learner
     identity = {"model": cfg.model.name or "embedded SmolLM2-135M-Instruct", "env": cfg.env.id,
                 "env_kwargs": json.loads(json.dumps(dict(cfg.env.kwargs))), "objective": cfg.objective.name,
-                "group_size": group_size}
+                "group_size": group_size,
+                "lora": {"rank": lora.lora_rank, "alpha": lora.lora_alpha, "targets": list(lora.lora_target_modules)}
+                if lora.lora_rank else None}
     if run_id is not None:
         identity["run_id"] = run_id
     return identity
@@ -132,6 +139,7 @@ def check_resumable(path: Path | None, extra: dict[str, Any], identity: dict[str
     if saved is None:
         logger.warning("%s records no run identity (an older checkpoint): resuming without checking it", path)
         return
+    saved = {"lora": None, **saved}  # a checkpoint that records no LoRA trained every weight
     unchecked = sorted(k for k in identity if k not in saved)
     if unchecked:
         logger.warning("%s does not record %s (an older checkpoint): not checked", path, ", ".join(unchecked))

@@ -3,6 +3,10 @@
 A weight update must be all-or-nothing: every check (file readable, names known, every tensor of the
 model covered, shapes equal, values finite) runs before the first parameter is overwritten, so a bad
 update leaves the old version serving (:class:`~agentenv.errors.WeightUpdateError`).
+
+A model with LoRA adapters (:mod:`agentenv.trainer.lora`) also takes an adapter-only update: a state dict
+whose every name is an adapter tensor's (:func:`is_adapter_name`) and which covers every adapter tensor of
+the model; its frozen base weights stay as they are.
 """
 
 from __future__ import annotations
@@ -13,6 +17,11 @@ from pathlib import Path
 import torch
 
 from agentenv.errors import WeightUpdateError
+
+
+def is_adapter_name(name: str) -> bool:
+    """Whether a state-dict name is a LoRA adapter tensor's (peft's ``lora_A`` / ``lora_B`` modules)."""
+    return ".lora_A." in name or ".lora_B." in name
 
 
 def load_weights(weights: Mapping[str, torch.Tensor] | str | Path) -> dict[str, torch.Tensor]:
@@ -39,10 +48,11 @@ def load_weights(weights: Mapping[str, torch.Tensor] | str | Path) -> dict[str, 
 
 
 def check_state_dict(model: torch.nn.Module, state: Mapping[str, torch.Tensor]) -> None:
-    """Check that ``state`` can replace all of ``model``'s weights.
+    """Check that ``state`` can replace all of ``model``'s weights, or all of its LoRA adapters.
 
     Tied tensors (e.g. ``lm_head.weight`` sharing ``model.embed_tokens.weight``) need only one of
-    their names.
+    their names. A ``state`` of adapter tensors only (:func:`is_adapter_name`) must cover every adapter
+    tensor of the model, and the model must have some.
 
     Raises:
         WeightUpdateError: Unknown names, a model tensor not covered, a shape mismatch, or a NaN/inf value.
@@ -51,6 +61,8 @@ def check_state_dict(model: torch.nn.Module, state: Mapping[str, torch.Tensor]) 
     unknown = sorted(set(state) - set(own))
     if unknown:
         raise WeightUpdateError(f"{len(unknown)} unknown weight names, e.g. {unknown[:3]}")
+    if state and all(is_adapter_name(n) for n in state):  # an adapter-only update: the base stays
+        own = {n: t for n, t in own.items() if is_adapter_name(n)}
     groups: dict[int, list[str]] = {}
     for name, t in own.items():
         groups.setdefault(id(t), []).append(name)
