@@ -26,6 +26,7 @@ from agentenv.trainer.lora import adapter_state, add_lora, merged_state_dict
 from agentenv.trainer.resume import check_resumable, run_identity
 from agentenv.trainer.setup import LoopParts
 from tests.fakes import CharRenderer, EvenCharEnv, tiny_llama
+from tests.trainer.conftest import make_trajectories
 from tests.trainer.test_learning_signal import OVERRIDES as LEARNING_OVERRIDES
 
 pytestmark = pytest.mark.timeout(300)
@@ -104,20 +105,6 @@ def test_an_engine_takes_adapter_only_updates_that_cover_every_adapter():
         check_state_dict(tiny_llama(vocab_size=300), state)  # a model without adapters
 
 
-def trajectories(n=8):
-    from agentenv.trajectory import Trajectory
-
-    out = []
-    for i in range(n):
-        t = Trajectory(task_id=f"t{i}")
-        t.append_environment_tokens([1, 2, 3 + i])
-        t.prompt_length = 3
-        t.append_policy_tokens([10 + i, 20 + i], [-5.7, -5.7], 0, 0)
-        t.reward = float(i % 2)
-        out.append(t)
-    return out
-
-
 async def test_an_update_syncs_the_adapters_only_and_the_engine_then_samples_the_learners_policy():
     model = adapted()
     engine = TransformersEngine(copy.deepcopy(model), None, max_batch_size=2, seed=0)
@@ -125,7 +112,7 @@ async def test_an_update_syncs_the_adapters_only_and_the_engine_then_samples_the
                       execution=LearnerConfig(micro_batch_size=8))
     frozen = {n: p.detach().clone() for n, p in model.named_parameters() if not p.requires_grad}
     try:
-        stats = learner.update(trajectories())
+        stats = learner.update(make_trajectories(8, rewards=[i % 2 for i in range(8)]))
         assert stats.stepped and learner.version == 1
         for n, p in model.named_parameters():  # the base did not move
             if n in frozen:
