@@ -103,6 +103,20 @@ class ToolCallParser(Protocol):
         ...
 
 
+@runtime_checkable
+class ForcedCallParser(ToolCallParser, Protocol):
+    """A parser whose format lets a reply be forced to open a tool call (``tool_choice``).
+
+    The endpoint serves ``tool_choice="required"`` or a named function by putting the call's opening
+    text in the row as environment tokens (the model conditions on them; the learner does not train
+    on them) and sampling the rest of the call.
+    """
+
+    def call_opening(self, name: str | None) -> str:
+        """The text a reply starts with to call the tool ``name`` (None: any tool; the model writes the name)."""
+        ...
+
+
 def _scan_json_object(text: str, start: int) -> int | None:
     """Return the index one past the ``}`` closing the object that opens at ``text[start]``.
 
@@ -188,6 +202,15 @@ class HermesToolCallParser:
         if trailing_text not in self.TRAILING_TEXT:
             raise ConfigError(f"trailing_text must be one of {self.TRAILING_TEXT}, got {trailing_text!r}")
         self.trailing_text = trailing_text
+
+    @staticmethod
+    def call_opening(name: str | None) -> str:
+        """``<tool_call>`` and the JSON up to the name (``name`` None) or up to the arguments.
+
+        See :class:`ForcedCallParser`.
+        """
+        head = OPEN_TAG + '\n{"name": "'
+        return head if name is None else head + name + '", "arguments": '
 
     def parse(self, text: str) -> ParsedReply:
         """Return the calls, errors and remaining prose of ``text``."""

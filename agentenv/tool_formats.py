@@ -90,6 +90,10 @@ class Qwen3ToolCallParser:
     def __init__(self) -> None:
         self._hermes = HermesToolCallParser()
 
+    def call_opening(self, name: str | None) -> str:
+        """The Hermes opening (a forced call skips the reasoning block)."""
+        return self._hermes.call_opening(name)
+
     def parse(self, text: str) -> ParsedReply:
         """Return the calls, errors, answer and reasoning of ``text``."""
         reasoning, rest = _split_reasoning(text, "<think>", "</think>")

@@ -5,8 +5,10 @@ client (``AsyncOpenAI``), each a multi-turn chat (the reply and a new user messa
 turn, so each request extends the token row). Every request's engine time is measured inside the
 endpoint (a timing wrapper around the engine's ``generate``); the endpoint's *overhead* is the
 request's wall time seen by the client minus that engine time: HTTP, JSON, validation, the
-template's delta rendering, tokenization, tool-call parsing, the trajectory record. The direct
-engine call is the same engine on the same prompts at the same concurrency, for scale.
+template's delta rendering, tokenization, tool-call parsing, the trajectory record, and for
+``stream=true`` the server-sent events and the client reading them to ``[DONE]``. Plain and streamed
+requests are measured in the same run. The direct engine call is the same engine on the same prompts
+at the same concurrency, for scale.
 
 The policy is a tiny random Llama over SmolLM2's tokenizer (tests/agents/tiny.py), so the engine is
 fast and the overhead shows. Run: ``.venv/bin/python benchmarks/bench_endpoint.py`` (about a minute).
@@ -55,7 +57,18 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
 
 
-async def endpoint_run(engine, renderer, cfg, sessions: int, turns: int) -> tuple[list[float], list[float], list]:
+async def ask(client, msgs: list[dict], stream: bool) -> dict:
+    """One request; the reply's message as the agent appends it (a stream's deltas joined)."""
+    if not stream:
+        r = await client.chat.completions.create(model="agentenv-policy", messages=msgs, max_tokens=8)
+        return r.choices[0].message.model_dump(exclude_none=True)
+    chunks = await client.chat.completions.create(model="agentenv-policy", messages=msgs, max_tokens=8, stream=True)
+    text = "".join([c.choices[0].delta.content or "" async for c in chunks if c.choices])
+    return {"role": "assistant", "content": text}
+
+
+async def endpoint_run(engine, renderer, cfg, sessions: int, turns: int,
+                       stream: bool = False) -> tuple[list[float], list[float], list]:
     import openai
 
     from agentenv.agents import AgentEndpoint
@@ -74,13 +87,13 @@ async def endpoint_run(engine, renderer, cfg, sessions: int, turns: int) -> tupl
         for _ in range(turns):
             n = len(timed.times)
             t0 = time.perf_counter()
-            r = await client.chat.completions.create(model="agentenv-policy", messages=msgs, max_tokens=8)
+            reply = await ask(client, msgs, stream)
             dt = time.perf_counter() - t0
             # this request's engine call: the one whose prompt is this agent conversation's row
             i = next(j for j in range(n, len(timed.times)) if timed.prompts[j] == s.log[-1][0])
             wall.append(dt)
             overhead.append(dt - timed.times[i])
-            msgs += [r.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "Go on."}]
+            msgs += [reply, {"role": "user", "content": "Go on."}]
         await client.close()
         endpoint.close_session(s.id)
 
@@ -121,23 +134,24 @@ async def main() -> None:
     renderer = tool_renderer()
     cfg = RolloutConfig(max_turns=64, max_new_tokens_per_turn=8, max_total_tokens=1024)
     results = {}
-    for sessions in (1, 32):
+    for sessions, stream in ((1, False), (1, True), (32, False), (32, True)):
         engine = TransformersEngine(tiny_smollm_lm(), smollm_tokenizer(), max_batch_size=32, seed=0)
-        await endpoint_run(engine, renderer, cfg, min(sessions, 2), 1)  # warm-up
+        await endpoint_run(engine, renderer, cfg, min(sessions, 2), 1, stream)  # warm-up
         turns = args.turns * (5 if sessions == 1 else 1)
-        overhead, wall, calls = await endpoint_run(engine, renderer, cfg, sessions, turns)
+        overhead, wall, calls = await endpoint_run(engine, renderer, cfg, sessions, turns, stream)
         params = SamplingParams(max_new_tokens=8, stop_token_ids=tuple(renderer.stop_token_ids))
         direct = await direct_run(engine, [p for (p,) in calls], sessions, params)
         await engine.close()
-        results[sessions] = {
+        key = f"{sessions} sessions, {'stream' if stream else 'plain'}"
+        results[key] = {
             "requests": len(overhead),
             "overhead_ms_median": 1e3 * statistics.median(overhead), "overhead_ms_p95": 1e3 * pct(overhead, 0.95),
             "request_ms_median": 1e3 * statistics.median(wall), "request_ms_p95": 1e3 * pct(wall, 0.95),
             "direct_engine_ms_median": 1e3 * statistics.median(direct),
             "direct_engine_ms_p95": 1e3 * pct(direct, 0.95),
         }
-        r = results[sessions]
-        print(f"{sessions:>2} sessions, {r['requests']} requests: endpoint overhead median "
+        r = results[key]
+        print(f"{key}, {r['requests']} requests: endpoint overhead median "
               f"{r['overhead_ms_median']:.2f} ms, p95 {r['overhead_ms_p95']:.2f} ms; request median "
               f"{r['request_ms_median']:.2f} ms, p95 {r['request_ms_p95']:.2f} ms; direct engine call median "
               f"{r['direct_engine_ms_median']:.2f} ms, p95 {r['direct_engine_ms_p95']:.2f} ms")

@@ -4,14 +4,19 @@ Routes (``base_url`` is ``http://127.0.0.1:PORT/v1``):
 
 * ``GET /v1/models`` and ``GET /v1/models/{model}``: the served model names.
 * ``POST /v1/chat/completions``: one reply of the policy (with ``tools``; tool calls parsed from the
-  model's own format into ``message.tool_calls``). The session is the API key: an agent is given
-  ``api_key=SESSION_ID`` (``OPENAI_API_KEY``), so an unmodified ``openai`` client program works.
+  model's own format into ``message.tool_calls``), as a body or, with ``stream=true``, as server-sent
+  events (:mod:`agentenv.agents.openai_format`); ``tool_choice`` (``none``, ``auto``, ``required``, a
+  named function: the call's opening is forced) and ``logprobs`` (the behaviour log-probabilities)
+  are honoured. The session is the API key: an agent is given ``api_key=SESSION_ID``
+  (``OPENAI_API_KEY``), so an unmodified ``openai`` client program works.
 
 Bad input is an OpenAI-style error body ``{"error": {"message", "type", "param", "code"}}`` and the
 server keeps serving: an unknown model (404 ``model_not_found``), no API key (401 ``missing_api_key``),
 a session that does not exist (404 ``session_not_found``) or has ended (409 ``session_closed``), a
-malformed body, messages or tools (400), a ``max_tokens`` beyond the episode's budget (400
-``max_tokens_exceeded``). The endpoint binds loopback only: the agents are this process's episodes.
+malformed body, messages, tools or ``tool_choice`` (400), a ``max_tokens`` beyond the episode's budget
+(400 ``max_tokens_exceeded``), ``n`` above 1 or ``top_logprobs`` above 0 (400 ``unsupported_value``).
+A request is refused before anything is streamed, so an error is always a status and an error body.
+The endpoint binds loopback only: the agents are this process's episodes.
 """
 
 from __future__ import annotations
@@ -89,7 +94,7 @@ class AgentEndpoint:
         from starlette.applications import Starlette
         from starlette.exceptions import HTTPException
         from starlette.requests import Request
-        from starlette.responses import JSONResponse
+        from starlette.responses import JSONResponse, Response, StreamingResponse
         from starlette.routing import Route
 
         def error(exc: OpenAIError) -> JSONResponse:
@@ -108,7 +113,7 @@ class AgentEndpoint:
                 return error(_unknown_model(name, self.models))
             return JSONResponse(model_card(name))
 
-        async def completions(request: Request) -> JSONResponse:
+        async def completions(request: Request) -> Response:
             try:
                 raw = await request.body()
                 if len(raw) > MAX_BODY_BYTES:
@@ -123,7 +128,11 @@ class AgentEndpoint:
                 name = body.get("model")
                 if name not in self.models:
                     raise _unknown_model(name, self.models)
-                return JSONResponse(await session.complete(body, name))
+                reply = await session.complete(body, name)
+                if reply.stream:
+                    return StreamingResponse(iter(reply.events()), media_type="text/event-stream",
+                                             headers={"Cache-Control": "no-cache"})
+                return JSONResponse(reply.body())
             except OpenAIError as exc:
                 return error(exc)
             except Exception as exc:  # never let one request take the server down

@@ -14,9 +14,13 @@ then scores what the agent returned. Register one like any env::
   synchronous ``openai.OpenAI`` client works): ``ctx`` is an :class:`AgentContext` with ``base_url``,
   ``api_key``, ``model`` (``ctx.client()`` / ``ctx.async_client()`` build ``openai`` clients);
 * a ``module:function`` string naming such a callable;
-* a path to a Python script, run as ``python SCRIPT`` with ``OPENAI_BASE_URL``, ``OPENAI_API_KEY``,
-  ``AGENTENV_MODEL`` and ``AGENTENV_TASK`` (the task as JSON) in its environment, so a program that
-  builds ``OpenAI()`` from the environment runs unmodified; its output is its standard output.
+* a command, as a list of arguments (``["/home/me/venv/bin/python", "agent.py"]``, ``["node",
+  "agent.js"]``): run as given, so the agent runs in the user's own environment with its own
+  packages, with ``OPENAI_BASE_URL``, ``OPENAI_API_KEY``, ``AGENTENV_MODEL`` and ``AGENTENV_TASK`` (the
+  task as JSON) in its environment; a program that builds ``OpenAI()`` from the environment runs
+  unmodified; its output is its standard output;
+* a path to a Python script: the command ``[sys.executable, SCRIPT]``, i.e. agentenv's own
+  interpreter (which has the ``openai`` package when agentenv's ``serve`` extra is installed).
 
 ``reward(task, output) -> float`` (``async`` or not, or a ``module:function`` string) scores the
 agent's return value (or the script's stripped stdout). Weight updates reach the agent's requests as
@@ -30,6 +34,7 @@ import importlib
 import inspect
 import json
 import os
+import shutil
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -96,7 +101,8 @@ class AgentEnv(Env[str, str]):
     """An OpenAI-API agent program and a reward function, played through the agentenv endpoint.
 
     Args:
-        agent: The agent (see the module docstring): a callable, ``"module:function"``, or a script path.
+        agent: The agent (see the module docstring): a callable, ``"module:function"``, a command (a
+            list of arguments) or a script path.
         reward: ``reward(task, output) -> float``, or ``"module:function"``.
         tasks: The tasks (strings or JSON values; a dict's ``"id"`` names it), a ``"module:name"`` of
             such a list, or None: the task is the episode's seed. Task ``seed % len(tasks)`` is played,
@@ -109,18 +115,27 @@ class AgentEnv(Env[str, str]):
 
     Raises:
         ConfigError: ``agent``/``reward``/``tasks`` cannot be imported or are of the wrong kind, a
-            script path that does not exist, an empty task list, an unknown ``tool_parser``.
+            script path that does not exist, a command whose program is not found, an empty task
+            list, an unknown ``tool_parser``.
     """
 
     def __init__(self, agent: Any, reward: Any, tasks: Any = None, *, tool_parser: str | None = None,
                  models: Sequence[str] = (DEFAULT_MODEL,), timeout_s: float = 600.0) -> None:
         self.agent = _resolve(agent, "agent")
         if isinstance(self.agent, str | Path):
-            self.agent = Path(self.agent)
-            if not self.agent.is_file():
+            if not Path(self.agent).is_file():
                 raise ConfigError(f"AgentEnv agent script {str(self.agent)!r} does not exist")
+            self.agent = (sys.executable, str(self.agent))
+        elif isinstance(self.agent, list | tuple):
+            if not self.agent or not all(isinstance(a, str) for a in self.agent):
+                raise ConfigError(f"AgentEnv agent command must be a non-empty list of strings, got {agent!r}")
+            if shutil.which(self.agent[0]) is None:
+                raise ConfigError(f"AgentEnv agent command: the program {self.agent[0]!r} is not found "
+                                  "(give its path, or put it on PATH)")
+            self.agent = tuple(self.agent)
         elif not callable(self.agent):
-            raise ConfigError(f"AgentEnv agent must be a callable, 'module:function' or a script path, got {agent!r}")
+            raise ConfigError(f"AgentEnv agent must be a callable, 'module:function', a command (a list of "
+                              f"arguments) or a script path, got {agent!r}")
         self.reward_fn = _resolve(reward, "reward")
         if not callable(self.reward_fn):
             raise ConfigError(f"AgentEnv reward must be a callable or 'module:function', got {reward!r}")
@@ -239,16 +254,17 @@ class AgentEnv(Env[str, str]):
         return samples
 
     async def _run_agent(self, task: Any, ctx: AgentContext) -> Any:
-        if isinstance(self.agent, Path):
-            return await self._run_script(task, ctx)
+        if isinstance(self.agent, tuple):
+            return await self._run_command(self.agent, task, ctx)
         if inspect.iscoroutinefunction(self.agent):
             return await self.agent(task, ctx)
         return await self._thread(self.agent, task, ctx)
 
-    async def _run_script(self, task: Any, ctx: AgentContext) -> str:
+    @staticmethod
+    async def _run_command(argv: Sequence[str], task: Any, ctx: AgentContext) -> str:
         env = {**os.environ, "OPENAI_BASE_URL": ctx.base_url, "OPENAI_API_KEY": ctx.api_key,
                "AGENTENV_MODEL": ctx.model, "AGENTENV_TASK": json.dumps(task)}
-        proc = await asyncio.create_subprocess_exec(sys.executable, str(self.agent), env=env,
+        proc = await asyncio.create_subprocess_exec(*argv, env=env,
                                                     stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
                                                     stderr=asyncio.subprocess.PIPE)
         try:
@@ -259,7 +275,7 @@ class AgentEnv(Env[str, str]):
             raise
         if proc.returncode != 0:
             tail = err.decode(errors="replace")[-_STDERR_TAIL:]
-            raise AgentEnvError(f"agent script exited with status {proc.returncode}: {tail}")
+            raise AgentEnvError(f"agent command {' '.join(argv)!r} exited with status {proc.returncode}: {tail}")
         return out.decode(errors="replace").strip()
 
     async def _reward(self, task: Any, output: Any) -> float:

@@ -28,11 +28,14 @@ import json
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+from agentenv.agents.openai_format import ServedReply, logprobs_content
 from agentenv.engines.base import GenerationEngine, GenerationOutput, SamplingParams
 from agentenv.errors import EngineError, TemplateError
 from agentenv.rollout import TOKEN_BUDGET_ENDINGS, RolloutConfig, append_output, turn_ending
+from agentenv.tool_calls import ForcedCallParser
 from agentenv.trajectory import Trajectory
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -155,6 +158,107 @@ def validate_tools(tools: Any) -> list[dict[str, Any]]:
     return [dict(t) for t in tools]
 
 
+#: Largest ``top_logprobs`` the OpenAI API accepts; the endpoint serves only 0 (the sampled token's log-probability).
+MAX_TOP_LOGPROBS = 20
+
+
+@dataclass(frozen=True)
+class ToolChoice:
+    """The request's ``tool_choice``.
+
+    Attributes:
+        mode: ``"auto"`` (calls parsed as the model writes them), ``"none"`` (the reply is content,
+            never a call), ``"required"`` (the reply is forced to open a call; the model names the
+            tool) or ``"function"`` (forced to open a call of ``name``).
+        name: The function of mode ``"function"``.
+    """
+
+    mode: str = "auto"
+    name: str | None = None
+
+    @property
+    def forces_call(self) -> bool:
+        """The reply starts with a forced call opening."""
+        return self.mode in ("required", "function")
+
+    @classmethod
+    def read(cls, value: Any, tools: Sequence[Mapping[str, Any]]) -> ToolChoice:
+        """Validate ``tool_choice`` against the request's tools.
+
+        Raises:
+            OpenAIError: Not ``"none"``, ``"auto"``, ``"required"`` or ``{"type": "function",
+                "function": {"name": ...}}``; ``"required"`` without tools; a function that is not
+                among the tools (400, param ``tool_choice``).
+        """
+        if value is None or value in ("auto", "none"):
+            return cls(value or "auto")
+        names = [t["function"]["name"] for t in tools]
+        if value == "required":
+            if not names:
+                raise _bad("tool_choice='required' needs tools", "tool_choice")
+            return cls("required")
+        fn = value.get("function") if isinstance(value, Mapping) and value.get("type") == "function" else None
+        if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str):
+            raise _bad("tool_choice must be 'none', 'auto', 'required' or "
+                       "{'type': 'function', 'function': {'name': ...}}", "tool_choice")
+        if fn["name"] not in names:
+            raise _bad(f"tool_choice names the function {fn['name']!r}, which is not among the request's tools "
+                       f"({', '.join(names) or 'none'})", "tool_choice")
+        return cls("function", fn["name"])
+
+
+@dataclass(frozen=True)
+class RequestOptions:
+    """What a request asks of the reply besides its messages and tools.
+
+    Attributes:
+        stream: Write the reply as server-sent events (:meth:`ServedReply.events`).
+        include_usage: ``stream_options.include_usage``: a last chunk with the usage.
+        logprobs: Return the sampled tokens' log-probabilities.
+        max_tokens: ``max_completion_tokens`` (or ``max_tokens``): at most this many tokens.
+        tool_choice: See :class:`ToolChoice`.
+    """
+
+    stream: bool = False
+    include_usage: bool = False
+    logprobs: bool = False
+    max_tokens: int | None = None
+    tool_choice: ToolChoice = ToolChoice()
+
+    @classmethod
+    def read(cls, body: Mapping[str, Any], tools: Sequence[Mapping[str, Any]]) -> RequestOptions:
+        """Validate the options of a request body.
+
+        Raises:
+            OpenAIError: A field of the wrong type (400 ``invalid_value``); ``n`` other than 1 or a
+                ``top_logprobs`` above 0 (400 ``unsupported_value``: each choice would be its own
+                trajectory, and the engines return the sampled token's log-probability only).
+        """
+        flags = {}
+        for key in ("stream", "logprobs"):
+            if body.get(key) is not None and not isinstance(body[key], bool):
+                raise _bad(f"{key} must be a boolean", key)
+            flags[key] = bool(body.get(key))
+        stream_options = body.get("stream_options")
+        if stream_options is not None and not isinstance(stream_options, Mapping):
+            raise _bad("stream_options must be an object", "stream_options")
+        include_usage = bool((stream_options or {}).get("include_usage"))
+        if body.get("n") not in (1, None):
+            raise _bad(f"n={body.get('n')!r}: this endpoint serves n=1 (each episode continues one reply)",
+                       "n", "unsupported_value")
+        top = body.get("top_logprobs")
+        if top is not None and (isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= MAX_TOP_LOGPROBS):
+            raise _bad(f"top_logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}]", "top_logprobs")
+        if top:
+            raise _bad("top_logprobs above 0 is not served: the engines return the sampled token's "
+                       "log-probability only (logprobs=true)", "top_logprobs", "unsupported_value")
+        requested = body.get("max_completion_tokens", body.get("max_tokens"))
+        if requested is not None and (isinstance(requested, bool) or not isinstance(requested, int) or requested < 1):
+            raise _bad("max_tokens must be an integer >= 1", "max_tokens")
+        return cls(stream=flags["stream"], include_usage=include_usage, logprobs=flags["logprobs"],
+                   max_tokens=requested, tool_choice=ToolChoice.read(body.get("tool_choice"), tools))
+
+
 def _template_message(m: Mapping[str, Any], names: Mapping[str, str]) -> dict[str, Any]:
     """The form a chat template reads (tool calls as ``{"type": "function", "function": {...}}``)."""
     out: dict[str, Any] = {"role": m["role"], "content": m["content"]}
@@ -182,7 +286,8 @@ class AgentSession:
     Attributes:
         samples: Finished and current samples, in order (each a :class:`Trajectory`).
         info: Counters: ``turns`` (replies sampled), ``turn_endings``, ``tool_calls``,
-            ``prefix_violations``, ``history_rewrites``, ``sampling_overrides``, ``truncation``.
+            ``prefix_violations``, ``history_rewrites``, ``sampling_overrides``,
+            ``forced_call_openings`` (replies a ``tool_choice`` forced to open a call), ``truncation``.
         log: ``(prompt_ids, GenerationOutput)`` of every engine call, in order.
         closed: The episode ended; every later request is refused (409).
     """
@@ -194,7 +299,8 @@ class AgentSession:
         self.version_fn = version_fn
         self.samples: list[Trajectory] = []
         self.info: dict[str, Any] = {"turns": 0, "turn_endings": [], "tool_calls": 0, "prefix_violations": 0,
-                                     "history_rewrites": 0, "sampling_overrides": 0, "truncation": None}
+                                     "history_rewrites": 0, "sampling_overrides": 0, "forced_call_openings": 0,
+                                     "truncation": None}
         self.log: list[tuple[list[int], GenerationOutput]] = []
         self.closed = False
         self.lock = asyncio.Lock()
@@ -252,8 +358,8 @@ class AgentSession:
             self._new_sample(list(self._conv.prompt_ids))
         self._seen, self._tools, self._reply_open = list(norm), tools, False
 
-    async def complete(self, body: Mapping[str, Any], model: str) -> dict[str, Any]:
-        """Serve one ``/v1/chat/completions`` request body; return the response body.
+    async def complete(self, body: Mapping[str, Any], model: str) -> ServedReply:
+        """Serve one ``/v1/chat/completions`` request body; return the reply to write.
 
         Raises:
             OpenAIError: The session ended (409), a bad field (400), a ``max_tokens`` beyond what the
@@ -267,14 +373,11 @@ class AgentSession:
                 raise OpenAIError(409, f"session {self.id} has ended (its episode is over)", code="session_closed")
             norm = normalize_messages(body.get("messages"))
             tools = validate_tools(body.get("tools"))
-            if body.get("stream"):
-                raise _bad("stream=true is not supported by the agentenv endpoint", "stream", "unsupported_value")
-            if body.get("n", 1) not in (1, None):
-                raise _bad("n must be 1", "n", "unsupported_value")
-            requested = body.get("max_completion_tokens", body.get("max_tokens"))
-            if requested is not None and (isinstance(requested, bool) or not isinstance(requested, int)
-                                          or requested < 1):
-                raise _bad("max_tokens must be an integer >= 1", "max_tokens")
+            options = RequestOptions.read(body, tools)
+            if options.tool_choice.forces_call and not isinstance(self.parser, ForcedCallParser):
+                raise _bad(f"tool_choice={body.get('tool_choice')!r} needs a tool-call format whose calls can be "
+                           f"forced open (hermes, qwen3); this model's parser is {type(self.parser).__name__}",
+                           "tool_choice", "unsupported_value")
             for key, ours in (("temperature", self.cfg.temperature), ("top_p", self.cfg.top_p)):
                 if body.get(key) is not None and body[key] != ours:
                     self.info["sampling_overrides"] += 1
@@ -285,12 +388,14 @@ class AgentSession:
                 raise OpenAIError(500, f"chat template: {exc}", code="template_error", type_="server_error") from exc
             traj = self.traj
             assert traj is not None
-            context_left = self.engine.max_context_tokens - len(traj.token_ids)
-            left = min(self.cfg.max_total_tokens - self._used, context_left)
+            forced = self._forced_opening(options.tool_choice)
+            context_left = self.engine.max_context_tokens - len(traj.token_ids) - len(forced)
+            left = min(self.cfg.max_total_tokens - self._used - len(forced), context_left)
             if left <= 0:
                 self.info["truncation"] = "context" if context_left <= 0 else "max_total_tokens"
                 raise OpenAIError(400, "the episode's token budget is spent (rollout.max_total_tokens or the "
                                   "model's context)", code="context_length_exceeded", param="messages")
+            requested = options.max_tokens
             if requested is not None and requested > left:
                 raise _bad(f"max_tokens={requested} exceeds the {left} tokens this episode has left", "max_tokens",
                            "max_tokens_exceeded")
@@ -298,45 +403,62 @@ class AgentSession:
             budget = min(per_turn, left, requested or per_turn)
             params = SamplingParams(max_new_tokens=budget, temperature=self.cfg.temperature, top_p=self.cfg.top_p,
                                     top_k=self.cfg.top_k, stop_token_ids=tuple(self.renderer.stop_token_ids))
-            prompt = list(traj.token_ids)
+            prompt = [*traj.token_ids, *forced]
             try:
                 out = await self.engine.generate(prompt, params)
-                append_output(traj, out)
             except EngineError as exc:
                 raise OpenAIError(500, f"engine: {exc}", code="engine_error", type_="server_error") from exc
+            self._append_env(forced)  # only once the engine served the request: a refusal leaves the row as it was
+            append_output(traj, out)
             self.log.append((prompt, out))
             self._used += len(out.token_ids)
             ending = turn_ending(out, tuple(self.renderer.stop_token_ids), budget=budget, per_turn=per_turn,
                                  context_left=context_left)
             self.info["turns"] += 1
             self.info["turn_endings"].append(ending)
+            self.info["forced_call_openings"] += bool(forced)
             self._cut = not (out.token_ids and out.token_ids[-1] in self.renderer.stop_token_ids)
-            text = self._conv.add_reply(out.token_ids)
-            message, finish = self._message(text, ending)
+            text = self._conv.add_reply([*forced, *out.token_ids])
+            message, finish = self._message(text, ending, parse_calls=options.tool_choice.mode != "none")
             self._seen.append(normalize_messages([message])[0])
             self._reply_open = True
-            return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
-                    "model": model, "system_fingerprint": f"agentenv-v{out.spans[-1].version if out.spans else 0}",
-                    "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
-                    "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(out.token_ids),
-                              "total_tokens": len(prompt) + len(out.token_ids)}}
+            logprobs = None
+            if options.logprobs:
+                pieces = [self.renderer.decode([t], keep_special=True) for t in out.token_ids]
+                logprobs = logprobs_content(pieces, out.logprobs)
+            return ServedReply(id=f"chatcmpl-{uuid.uuid4().hex}", created=int(time.time()), model=model,
+                               message=message, finish_reason=finish, prompt_tokens=len(prompt),
+                               completion_tokens=len(out.token_ids),
+                               version=out.spans[-1].version if out.spans else self.engine.version,
+                               logprobs=logprobs, stream=options.stream, include_usage=options.include_usage)
 
-    def _message(self, text: str, ending: str) -> tuple[dict[str, Any], str]:
-        """The assistant message of a reply: content, parsed tool calls, reasoning; and its finish reason."""
+    def _forced_opening(self, choice: ToolChoice) -> list[int]:
+        """The ids of the call opening ``tool_choice`` forces (``[]`` for ``auto`` and ``none``)."""
+        if not choice.forces_call:
+            return []
+        assert isinstance(self.parser, ForcedCallParser)
+        text = self.parser.call_opening(choice.name)
+        return list(self.renderer.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def _message(self, text: str, ending: str, *, parse_calls: bool = True) -> tuple[dict[str, Any], str]:
+        """The assistant message of a reply: content, parsed tool calls, reasoning; and its finish reason.
+
+        ``parse_calls=False`` (``tool_choice="none"``): the reply is content as written, never a call.
+        """
         parsed = self.parser.parse(text)
         calls = []
-        for k, call in enumerate(parsed.calls):
+        for k, call in enumerate(parsed.calls if parse_calls else ()):
             call_id = f"call_{self.id[-8:]}_{self.info['turns']}_{k}"
             self._names[call_id] = call.name
             calls.append({"id": call_id, "type": "function",
                           "function": {"name": call.name, "arguments": json.dumps(dict(call.arguments))}})
         self.info["tool_calls"] += len(calls)
         # a malformed call stays in the content, so the agent sees what the model wrote
-        content = text if parsed.errors else parsed.content.strip()
+        content = text.strip() if not parse_calls else text if parsed.errors else parsed.content.strip()
         message: dict[str, Any] = {"role": "assistant", "content": content or (None if calls else "")}
         if calls:
             message["tool_calls"] = calls
-        if parsed.reasoning:
+        if parsed.reasoning and parse_calls:
             message["reasoning_content"] = parsed.reasoning
         finish = "tool_calls" if calls else "length" if ending in TOKEN_BUDGET_ENDINGS else "stop"
         return message, finish

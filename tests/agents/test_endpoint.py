@@ -7,6 +7,7 @@ is ``tests/agents/calc_agent.py`` (its own loop, an ``add`` tool, 3 requests an 
 from __future__ import annotations
 
 import asyncio
+import sys
 from pathlib import Path
 
 import httpx
@@ -15,6 +16,7 @@ import pytest
 
 from agentenv.agents import AgentEndpoint, AgentEnv
 from agentenv.engines.transformers_engine import TransformersEngine
+from agentenv.errors import ConfigError
 from agentenv.rollout import RolloutConfig, run_episode_samples
 from agentenv.tool_calls import get_tool_parser
 from tests.agents import calc_agent
@@ -57,12 +59,13 @@ def assert_exact(session, samples):
         assert sum(seg.num_tokens for seg in s.segments) == len(sampled)
 
 
-@pytest.mark.parametrize("agent", ["callable", "script"])
+@pytest.mark.parametrize("agent", ["callable", "script", "command"])
 async def test_an_openai_agent_plays_an_episode_with_exact_tokens(engine, renderer, agent):
     if agent == "callable":
         env = AgentEnv(calc_agent.solve, calc_agent.score, calc_agent.TASKS)
     else:  # the unmodified program: OpenAI() from the environment, its own model name
-        env = AgentEnv(str(SCRIPT), "tests.agents.calc_agent:score", "tests.agents.calc_agent:TASKS",
+        program = str(SCRIPT) if agent == "script" else ["/usr/bin/env", sys.executable, str(SCRIPT)]
+        env = AgentEnv(program, "tests.agents.calc_agent:score", "tests.agents.calc_agent:TASKS",
                        models=("gpt-4o-mini",))
     assert env.tasks().ids == ("add-2-3", "add-4-5", "add-7-1", "add-6-6")
     samples = await run_episode_samples(env, engine, renderer, CFG, seed=1)  # the collector's call
@@ -80,6 +83,27 @@ async def test_an_openai_agent_plays_an_episode_with_exact_tokens(engine, render
     assert [s.version for s in traj.segments] == [0] * len(traj.segments)
     await env.close()
     await env.close()
+
+
+async def test_a_command_agent_gets_the_endpoint_in_its_environment_and_fails_clearly(engine, renderer):
+    """The command runs as given (any program); a failing one is an error episode naming the command."""
+    echo = AgentEnv(["/bin/sh", "-c", 'printf "%s|%s|%s" "$AGENTENV_MODEL" "$AGENTENV_TASK" "$OPENAI_BASE_URL"'],
+                    lambda task, output: float(output.startswith("gpt-4o-mini|")), ["t0", "t1"],
+                    models=("gpt-4o-mini",))
+    (traj,) = await run_episode_samples(echo, engine, renderer, CFG, seed=1)
+    model, task, url = traj.info["agent_output"].split("|")
+    assert (model, task, traj.reward, traj.status) == ("gpt-4o-mini", '"t1"', 1.0, "completed")
+    assert url == echo.endpoint.base_url and url.startswith("http://127.0.0.1:")
+    failing = AgentEnv(["/bin/sh", "-c", "echo broken >&2; exit 3"], lambda task, output: 1.0, ["t0"])
+    (traj,) = await run_episode_samples(failing, engine, renderer, CFG, seed=0)
+    assert traj.status == "error" and "exited with status 3: broken" in traj.info["error"]
+    assert "/bin/sh -c" in traj.info["error"]
+    with pytest.raises(ConfigError, match="the program 'no-such-agent-program' is not found"):
+        AgentEnv(["no-such-agent-program", "x.py"], lambda task, output: 1.0, ["t0"])
+    with pytest.raises(ConfigError, match="non-empty list of strings"):
+        AgentEnv([], lambda task, output: 1.0, ["t0"])
+    for env in (echo, failing):
+        await env.close()
 
 
 async def test_token_rows_match_the_engine_and_updates_split_segments(engine, renderer):
