@@ -49,6 +49,9 @@ def _parser() -> argparse.ArgumentParser:
                     "greedy, one sample per task, the env's own turn limit.",
     )
     p.add_argument("--env", default="alfworld", help="environment id (`agentenv envs`)")
+    p.add_argument("--remote", action="append", default=None, metavar="URL",
+                   help="play the env on this `agentenv serve` server (repeat for more: episodes go round-robin); "
+                        "the env need not be installed here, and its constructor arguments are the server's")
     p.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE",
                    help="a constructor argument of the environment (VALUE read as YAML); repeat for more")
     p.add_argument("--chat-template-kwarg", action="append", default=[], metavar="KEY=VALUE",
@@ -134,9 +137,13 @@ def env_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     ``--max-steps``, when given, fills the first of :data:`TURN_LIMIT_ARGS` the constructor takes (unless an
     ``--env-arg`` sets it); without it the env keeps its own default limit.
 
+    With ``--remote`` the server owns the constructor arguments: there are none here, and
+    ``--max-steps`` bounds the turns on this side only.
+
     Raises:
-        ConfigError: An ``--env-arg`` without ``=`` or with an empty key.
-        EnvNotFound: ``--env`` is not registered.
+        ConfigError: An ``--env-arg`` without ``=`` or with an empty key; ``--env-arg``, ``--split`` or
+            ``--data-root`` with ``--remote``.
+        EnvNotFound: ``--env`` is not registered (and not ``--remote``).
     """
     from agentenv.registration import constructor_parameters, spec
 
@@ -144,6 +151,11 @@ def env_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     for key, value in (("split", args.split), ("data_root", args.data_root)):
         if value is not None:
             kwargs[key] = value
+    if args.remote:
+        if kwargs:
+            raise ConfigError(f"--remote: the server builds the env, so its arguments ({', '.join(sorted(kwargs))}) "
+                              f"go to it: agentenv serve {args.env} --env-arg KEY=VALUE")
+        return kwargs
     accepted = constructor_parameters(spec(args.env).load()) or ()
     limit = next((k for k in TURN_LIMIT_ARGS if k in accepted), None)
     if limit is not None and args.max_steps is not None:
@@ -209,7 +221,7 @@ def refuse_checkpoint(model: str | None) -> None:
 def protocol(args: argparse.Namespace, kwargs: Mapping[str, Any], tasks: str) -> dict[str, Any]:
     """How ``agentenv eval`` plays its episodes, as written in the report (and compared by ``--resume``)."""
     sampling = "greedy" if args.temperature <= 0 else f"temperature {args.temperature}, top_p {args.top_p}"
-    return {"sampling": sampling, "samples_per_task": args.samples_per_game, "tasks": tasks,
+    return {"sampling": sampling, "samples_per_task": args.samples_per_game, "tasks": tasks, "remote": args.remote,
             "max_turns": args.max_steps or f"the env's own, at most {DEFAULT_MAX_STEPS}",
             "max_new_tokens_per_turn": args.max_new_tokens,
             "max_total_tokens": args.max_total_tokens or "model context", "seed": args.seed,
@@ -275,7 +287,7 @@ async def _run(args: argparse.Namespace) -> tuple[EvalReport, list[EpisodeResult
     template_kwargs(args)  # a malformed --chat-template-kwarg fails before anything loads
     refuse_checkpoint(args.model)
     kwargs = env_kwargs(args)
-    async with make(args.env, **kwargs) as env:
+    async with make(args.env, remote=args.remote, **kwargs) as env:
         tasks, split = env.tasks(), env.split
     if tasks is not None and len(tasks) and args.seeds is None:
         jobs = make_jobs(list(zip(tasks.ids, tasks.kinds, strict=True)), samples_per_game=args.samples_per_game,
@@ -308,7 +320,8 @@ async def _run(args: argparse.Namespace) -> tuple[EvalReport, list[EpisodeResult
                 top_p=args.top_p,
             )
             try:
-                new = await run_jobs(todo, model_agent(engine, renderer, cfg), lambda: make(args.env, **kwargs),
+                new = await run_jobs(todo, model_agent(engine, renderer, cfg),
+                                     lambda: make(args.env, remote=args.remote, **kwargs),
                                      concurrency=args.concurrency, progress=not args.no_progress,
                                      on_result=log.add)
             finally:
@@ -339,7 +352,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     Examples: ``agentenv eval --env alfworld --split valid_unseen --model PATH``;
     ``agentenv eval --env examples/GuessNumber-v0 --env-arg high=20``;
-    ``agentenv eval --env reasoning_gym/gcd --seeds 0:50 --temperature 1.0 --samples-per-game 3``.
+    ``agentenv eval --env reasoning_gym/gcd --seeds 0:50 --temperature 1.0 --samples-per-game 3``;
+    ``agentenv eval --env examples/GuessNumber-v0 --remote http://127.0.0.1:8000``.
     """
     args = _parser().parse_args(argv)
     try:

@@ -55,6 +55,9 @@ def parse_args(argv: list[str]) -> tuple[TrainConfig, argparse.Namespace]:
                "what each means.")
     ap.add_argument("--recipe", help="recipe name in recipes/ or a YAML path (default: <env>_cpu)")
     ap.add_argument("--env", help="environment id (env.id)")
+    ap.add_argument("--env-remote", action="append", metavar="URL",
+                    help="play the env on this `agentenv serve` server (env.remote; repeat for more servers); "
+                         "the env need not be installed here")
     ap.add_argument("--model", help="local model folder or mapped name (model.name); default: embedded SmolLM2-135M")
     ap.add_argument("--run-dir", help="run folder (run.run_dir)")
     ap.add_argument("--updates", type=int, help="optimizer steps (run.updates)")
@@ -68,12 +71,15 @@ def parse_args(argv: list[str]) -> tuple[TrainConfig, argparse.Namespace]:
                          "and meaning, and exit")
     args, rest = ap.parse_known_args(argv)
     overrides = _dotted_overrides(rest)
-    data = recipe_data(args.recipe, args.env)  # the generic recipe names its run folder after the env
+    remote = bool(args.env_remote) or any(o.startswith("env.remote=") for o in overrides)
+    data = recipe_data(args.recipe, args.env, remote=remote)  # the generic recipe names its run folder after the env
     for flag, key in (("env", "env.id"), ("model", "model.name"), ("run_dir", "run.run_dir"),
                       ("updates", "run.updates"), ("mode", "run.mode"), ("policy", "staleness.policy")):
         value = getattr(args, flag)
         if value is not None:
             overrides.append(f"{key}={json.dumps(value)}")
+    if args.env_remote:
+        overrides.append(f"env.remote={json.dumps(args.env_remote)}")
     if args.policy == "sync" and args.mode is None:
         overrides.append("run.mode=sync")
     cfg = load_config(TrainConfig, apply_overrides(data, overrides))

@@ -40,13 +40,16 @@ def _is_path_like(recipe: str) -> bool:
     return recipe.startswith(("/", ".", "~")) or "/" in recipe or Path(recipe).suffix in (".yaml", ".yml")
 
 
-def find_recipe(recipe: str | None, env_id: str | None = None, *, recipes_dir: Path = RECIPES_DIR) -> Path:
+def find_recipe(recipe: str | None, env_id: str | None = None, *, remote: bool = False,
+                recipes_dir: Path = RECIPES_DIR) -> Path:
     """Return the recipe file to load for ``--recipe`` / ``--env``.
 
     Args:
         recipe: A shipped recipe name (``python_tool_cpu``), a path to a YAML file, or None for the
             default recipe of the environment: ``<env_id>_cpu``, else ``generic_cpu``.
         env_id: The ``--env`` value; only used when ``recipe`` is None (None means ``python_tool``).
+        remote: The env is played on ``agentenv serve`` servers (``env.remote``): it need not be
+            registered here.
         recipes_dir: Where the shipped recipes are (tests pass their own).
 
     Returns:
@@ -56,13 +59,14 @@ def find_recipe(recipe: str | None, env_id: str | None = None, *, recipes_dir: P
         ConfigError: A recipe path that does not exist or is a folder, an unknown recipe name, or a
             registered environment without a shipped ``<env>_cpu`` recipe when ``generic_cpu`` is not
             shipped either; the message lists the shipped recipe names.
-        EnvNotFound: ``recipe`` is None and ``env_id`` is neither registered nor an installed peer's
-            id; the message lists the registered ids.
+        EnvNotFound: ``recipe`` is None, the env is not remote, and ``env_id`` is neither registered
+            nor an installed peer's id; the message lists the registered ids.
     """
     if recipe is None:
         env = env_id or DEFAULT_ENV
         try:
-            spec(env)  # a peer's id (reasoning_gym_tool/gcd, gem/..., textarena/...) is registered here
+            if not remote:
+                spec(env)  # a peer's id (reasoning_gym_tool/gcd, gem/..., textarena/...) is registered here
         except EnvNotFound:
             known = ", ".join(sorted(registry)) or "none"
             raise EnvNotFound(f"unknown environment {env!r} (registered environments: {known}; and the ids "
@@ -101,7 +105,8 @@ def run_folder_for(env_id: str) -> str:
     return f"runs/{folder_name(env_id)}"
 
 
-def recipe_data(recipe: str | None, env_id: str | None = None, *, recipes_dir: Path = RECIPES_DIR) -> dict[str, Any]:
+def recipe_data(recipe: str | None, env_id: str | None = None, *, remote: bool = False,
+                recipes_dir: Path = RECIPES_DIR) -> dict[str, Any]:
     """The recipe of ``--recipe`` / ``--env`` as a dict, ready for command-line overrides.
 
     The generic recipe (chosen for an environment without a recipe of its own, or named) trains
@@ -110,7 +115,7 @@ def recipe_data(recipe: str | None, env_id: str | None = None, *, recipes_dir: P
     Raises:
         ConfigError / EnvNotFound: as :func:`find_recipe`.
     """
-    path = find_recipe(recipe, env_id, recipes_dir=recipes_dir)
+    path = find_recipe(recipe, env_id, remote=remote, recipes_dir=recipes_dir)
     data = read_yaml(path)
     if path.stem == GENERIC_RECIPE and env_id is not None:
         data.setdefault("run", {})["run_dir"] = run_folder_for(env_id)

@@ -27,17 +27,21 @@ FAST = [
 ]
 
 
-def test_train_against_a_remote_env(tmp_path, monkeypatch):
+@pytest.mark.parametrize("form", ["override", "flag"])
+def test_train_against_a_remote_env(tmp_path, monkeypatch, form):
+    """``env.remote=URL`` with a recipe named, or ``--env-remote URL`` alone (the generic recipe is chosen)."""
     assert GUESS_NUMBER_ID not in agentenv.registry
     monkeypatch.setattr(setup, "load_policy", lambda cfg, **_: (tiny_lm(), None, CharRenderer()))
     run = tmp_path / "run"
     with running("--env-arg", "high=3", "--env-arg", "max_turns=2") as server:
-        argv = ["--recipe", "generic_cpu", "--env", GUESS_NUMBER_ID, "--run-dir", str(run), *FAST,
-                f"env.remote={server.url}", "eval.problems=3"]
+        where = ["--recipe", "generic_cpu", f"env.remote={server.url}"] if form == "override" else \
+            ["--env-remote", server.url]
+        argv = ["--env", GUESS_NUMBER_ID, "--run-dir", str(run), *FAST, *where, "eval.problems=3"]
         assert recipe.main(argv) == 0
         health = httpx.get(server.url + "/health", timeout=10).json()
     assert GUESS_NUMBER_ID not in agentenv.registry  # never built in this process
     # the task ids come from the server's env (high=3), so the episodes were played there
+    remote = server.url if form == "override" else [server.url]
     check_two_update_guess_number_run(run, {"id": GUESS_NUMBER_ID, "kwargs": {}, "eval_kwargs": {},
-                                            "remote": server.url})
+                                            "remote": remote})
     assert health["sessions"] == 0  # every episode's session was closed
