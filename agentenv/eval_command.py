@@ -281,7 +281,7 @@ def all_failed(results: Sequence[EpisodeResult]) -> str | None:
 
 
 async def _run(args: argparse.Namespace) -> tuple[EvalReport, list[EpisodeResult], Path]:
-    from agentenv.registration import make
+    from agentenv.registration import make, tool_parser_argument
     from agentenv.rollout import RolloutConfig
 
     template_kwargs(args)  # a malformed --chat-template-kwarg fails before anything loads
@@ -319,9 +319,15 @@ async def _run(args: argparse.Namespace) -> tuple[EvalReport, list[EpisodeResult
                 temperature=args.temperature,
                 top_p=args.top_p,
             )
+            played = dict(kwargs)
+            if not args.remote:  # the model's tool-call format, as training fills it
+                played |= tool_parser_argument(args.env, renderer.tool_parser_name, kwargs)
+                if "tool_parser" in played and "tool_parser" not in kwargs:
+                    print(f"agentenv eval: tool_parser={played['tool_parser']!r}, from the model's chat template",
+                          file=sys.stderr)
             try:
                 new = await run_jobs(todo, model_agent(engine, renderer, cfg),
-                                     lambda: make(args.env, remote=args.remote, **kwargs),
+                                     lambda: make(args.env, remote=args.remote, **played),
                                      concurrency=args.concurrency, progress=not args.no_progress,
                                      on_result=log.add)
             finally:

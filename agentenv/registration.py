@@ -223,6 +223,31 @@ def constructor_parameters(entry: Callable[..., Any]) -> list[str] | None:
             if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
 
 
+def tool_parser_argument(id: str, parser: str | None, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """``{"tool_parser": parser}`` where the env ``id`` takes that argument and nothing sets it yet, else ``{}``.
+
+    Training and ``agentenv eval`` fill an env's tool-call parser from the model's chat template
+    (``ChatRenderer.tool_parser_name``) this way: only when the env's constructor takes a
+    ``tool_parser`` argument and neither ``kwargs`` (the user's) nor the env's registration sets it.
+    Generic: the env's signature decides, not its id.
+
+    Args:
+        id: A registered environment id.
+        parser: The registered parser name the template implies, or None (nothing to fill).
+        kwargs: The constructor arguments given.
+
+    Raises:
+        EnvNotFound: ``id`` is not registered.
+        RegistrationError: The entry point cannot be imported.
+    """
+    if parser is None or "tool_parser" in kwargs:
+        return {}
+    env_spec = spec(id)
+    if "tool_parser" in env_spec.kwargs or "tool_parser" not in (constructor_parameters(env_spec.load()) or ()):
+        return {}
+    return {"tool_parser": parser}
+
+
 def _register_builtins() -> None:
     register(
         "python_tool",

@@ -13,6 +13,7 @@ from agentenv.errors import EngineError
 from agentenv.eval_command import main
 from agentenv.registration import EnvSpec
 from tests.fakes import CharRenderer, ScriptedEngine
+from tests.tiny_env import RepeatNumberEnv
 
 
 class CountingEngine(ScriptedEngine):
@@ -103,6 +104,34 @@ def test_an_env_without_a_task_list_is_played_over_seeds(monkeypatch, tmp_path):
     assert main(["--env", "tests/Repeat-v0", "--seeds", "8:5", "--out", str(tmp_path / "x")]) == 2
 
 
+class ParserRepeatEnv(RepeatNumberEnv):
+    """RepeatNumberEnv that takes a ``tool_parser`` argument and records what it was built with."""
+
+    built: list = []
+
+    def __init__(self, high: int = 100, tool_parser: str = "hermes") -> None:
+        super().__init__(high)
+        self.built.append(tool_parser)
+
+
+class QwenCharRenderer(CharRenderer):
+    tool_parser_name = "qwen3"
+
+
+@pytest.mark.parametrize(("given", "expected"), [([], "qwen3"), (["--env-arg", "tool_parser=mistral"], "mistral")])
+def test_the_tool_parser_comes_from_the_model_template_unless_given(monkeypatch, tmp_path, capsys, given, expected):
+    monkeypatch.setitem(agentenv.registry, "tests/ParserRepeat-v0", EnvSpec("tests/ParserRepeat-v0", ParserRepeatEnv))
+    monkeypatch.setattr(ParserRepeatEnv, "built", [])
+    monkeypatch.setattr(eval_command, "_build_engine", lambda args: (ScriptedEngine(["7"]), QwenCharRenderer()))
+    argv = ["--env", "tests/ParserRepeat-v0", "--seeds", "0:2", "--no-progress", "--out", str(tmp_path / "e"), *given]
+    assert main(argv) == 0
+    # the env read for its task list, before the model loads: its default, or the user's argument
+    assert ParserRepeatEnv.built[0] == ("mistral" if given else "hermes")
+    assert set(ParserRepeatEnv.built[1:]) == {expected} and len(ParserRepeatEnv.built) >= 3
+    said = "tool_parser='qwen3', from the model's chat template" in capsys.readouterr().err
+    assert said == (not given)
+
+
 def test_every_episode_failing_exits_1_with_the_reason(guess_number, monkeypatch, tmp_path, capsys):
     class Broken(ScriptedEngine):
         async def generate(self, prompt_ids, params):
@@ -146,6 +175,7 @@ sys.path.insert(0, {repo!r}); sys.path.insert(0, {plugin!r})
 import agentenv_guess_number; agentenv_guess_number.register_envs()
 from agentenv import eval_command
 from tests.fakes import CharRenderer, ScriptedEngine
+from tests.tiny_env import RepeatNumberEnv
 
 class Slow(ScriptedEngine):
     async def generate(self, prompt_ids, params):

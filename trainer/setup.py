@@ -108,23 +108,19 @@ def default_env_kwargs(cfg: TrainConfig, renderer: ChatRenderer | None) -> dict[
     """Constructor arguments the trainer fills from the model: ``{"tool_parser": NAME}`` or ``{}``.
 
     ``NAME`` is ``renderer.tool_parser_name`` (the parser the chat template's call syntax implies,
-    :func:`agentenv.tool_calls.parser_for_template`), given only when the env's constructor takes a
-    ``tool_parser`` argument and neither ``env.kwargs`` nor the env's registration sets it; a remote
-    env (the server owns its arguments), a renderer without the property, or a template that implies
-    no parser give ``{}``. Generic: the env's signature decides, not its id.
+    :func:`agentenv.tool_calls.parser_for_template`), given as
+    :func:`agentenv.registration.tool_parser_argument` decides; a remote env (the server owns its
+    arguments), a renderer without the property, or a template that implies no parser give ``{}``.
     """
-    from agentenv.registration import constructor_parameters
+    from agentenv.registration import tool_parser_argument
 
     name = getattr(renderer, "tool_parser_name", None)
-    if name is None or cfg.env.remote is not None:
+    if cfg.env.remote is not None:
         return {}
-    env_spec = spec(cfg.env.id)
-    if "tool_parser" in cfg.env.kwargs or "tool_parser" in env_spec.kwargs:
-        return {}
-    if "tool_parser" not in (constructor_parameters(env_spec.load()) or ()):
-        return {}
-    logger.info("env %s: tool_parser=%r, from the model's chat template", cfg.env.id, name)
-    return {"tool_parser": name}
+    filled = tool_parser_argument(cfg.env.id, name, cfg.env.kwargs)
+    if filled:
+        logger.info("env %s: tool_parser=%r, from the model's chat template", cfg.env.id, name)
+    return filled
 
 
 def check_warmup(cfg: TrainConfig) -> None:

@@ -52,6 +52,7 @@ def recording_learner(batches: list[list], build_learner=None):
 
 class CharRenderer:
     stop_token_ids = (EOT,)
+    tool_parser_name = None  # a template that implies no tool-call parser
 
     def initial_prompt(self, user_text, *, system=None, tools=()):
         return [ord(c) % 256 for c in f"U:{user_text}\nA:"]
