@@ -9,6 +9,8 @@ Routes (``base_url`` is ``http://127.0.0.1:PORT/v1``):
   named function: the call's opening is forced) and ``logprobs`` (the behaviour log-probabilities)
   are honoured. The session is the API key: an agent is given ``api_key=SESSION_ID``
   (``OPENAI_API_KEY``), so an unmodified ``openai`` client program works.
+* ``POST /v1/responses``: the Responses API, translated to the same session
+  (:mod:`agentenv.agents.responses_api`), as a ``response`` object or its typed event stream.
 
 Bad input is an OpenAI-style error body ``{"error": {"message", "type", "param", "code"}}`` and the
 server keeps serving: an unknown model (404 ``model_not_found``), no API key (401 ``missing_api_key``),
@@ -30,6 +32,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from agentenv.agents import responses_api
 from agentenv.agents.session import AgentSession, OpenAIError
 from agentenv.engines.base import GenerationEngine
 from agentenv.rollout import RolloutConfig
@@ -113,32 +116,49 @@ class AgentEndpoint:
                 return error(_unknown_model(name, self.models))
             return JSONResponse(model_card(name))
 
-        async def completions(request: Request) -> Response:
+        async def read(request: Request) -> tuple[AgentSession, dict[str, Any]]:
+            raw = await request.body()
+            if len(raw) > MAX_BODY_BYTES:
+                raise OpenAIError(413, f"request body over {MAX_BODY_BYTES} bytes", code="request_too_large")
             try:
-                raw = await request.body()
-                if len(raw) > MAX_BODY_BYTES:
-                    raise OpenAIError(413, f"request body over {MAX_BODY_BYTES} bytes", code="request_too_large")
+                body = json.loads(raw)
+            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                raise OpenAIError(400, f"the body is not JSON: {exc}", code="invalid_json") from None
+            if not isinstance(body, dict):
+                raise OpenAIError(400, "the body must be a JSON object", code="invalid_json")
+            session = self._session(request.headers.get("authorization", ""))
+            if body.get("model") not in self.models:
+                raise _unknown_model(body.get("model"), self.models)
+            return session, body
+
+        def served(handler: Callable[[Request], Any]) -> Callable[[Request], Any]:
+            async def run(request: Request) -> Response:
                 try:
-                    body = json.loads(raw)
-                except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                    raise OpenAIError(400, f"the body is not JSON: {exc}", code="invalid_json") from None
-                if not isinstance(body, dict):
-                    raise OpenAIError(400, "the body must be a JSON object", code="invalid_json")
-                session = self._session(request.headers.get("authorization", ""))
-                name = body.get("model")
-                if name not in self.models:
-                    raise _unknown_model(name, self.models)
-                reply = await session.complete(body, name)
-                if reply.stream:
-                    return StreamingResponse(iter(reply.events()), media_type="text/event-stream",
-                                             headers={"Cache-Control": "no-cache"})
-                return JSONResponse(reply.body())
-            except OpenAIError as exc:
-                return error(exc)
-            except Exception as exc:  # never let one request take the server down
-                logger.exception("agent endpoint: request failed")
-                return error(OpenAIError(500, f"{type(exc).__name__}: {exc}", code="internal_error",
-                                         type_="server_error"))
+                    return await handler(request)
+                except OpenAIError as exc:
+                    return error(exc)
+                except Exception as exc:  # never let one request take the server down
+                    logger.exception("agent endpoint: request failed")
+                    return error(OpenAIError(500, f"{type(exc).__name__}: {exc}", code="internal_error",
+                                             type_="server_error"))
+            return run
+
+        def events(lines: list[str]) -> StreamingResponse:
+            return StreamingResponse(iter(lines), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+        @served
+        async def completions(request: Request) -> Response:
+            session, body = await read(request)
+            reply = await session.complete(body, body["model"])
+            return events(reply.events()) if reply.stream else JSONResponse(reply.body())
+
+        @served
+        async def responses(request: Request) -> Response:
+            session, body = await read(request)
+            reply = await session.complete(responses_api.chat_request(body), body["model"])
+            if reply.stream:
+                return events(responses_api.response_events(reply, body))
+            return JSONResponse(responses_api.response_object(reply, body))
 
         async def not_found(request: Request, exc: HTTPException) -> JSONResponse:
             code = "not_found" if exc.status_code == 404 else "method_not_allowed"
@@ -146,7 +166,8 @@ class AgentEndpoint:
                                      code=code))
 
         routes = [Route("/v1/models", models), Route("/v1/models/{model:path}", model),
-                  Route("/v1/chat/completions", completions, methods=["POST"])]
+                  Route("/v1/chat/completions", completions, methods=["POST"]),
+                  Route("/v1/responses", responses, methods=["POST"])]
         return Starlette(routes=routes, exception_handlers={HTTPException: not_found})
 
     def _session(self, authorization: str) -> AgentSession:
