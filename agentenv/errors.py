@@ -27,6 +27,15 @@ class EnvNotFound(RegistrationError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
+class EnvUnavailable(AgentEnvError):
+    """A known environment cannot be built on this machine; the message names what it needs and how to get it.
+
+    Raised when the environment is made, before the peer's code runs: data the game downloads on first
+    use is not installed (an NLTK corpus), the key of an online service it calls is not set, or its
+    code does not compile on this Python. Nothing is downloaded to find out.
+    """
+
+
 class ResetNeeded(AgentEnvError):
     """``step`` was called before ``reset`` or after the episode ended."""
 

@@ -22,8 +22,12 @@ textarena come with the ``[gem]`` and ``[textarena]`` extras.
 
 Ids are resolved when first asked for (:func:`resolve`, called by :func:`agentenv.make` for an id
 the registry does not hold), so importing agentenv imports no peer. ``agentenv envs`` lists every
-id of every installed peer (:func:`register_installed`); Gymnasium's ids, which say nothing of
-their spaces until built, are listed as the pattern ``gym/<ID>``.
+id of every installed peer (:func:`installed_specs`) from a listing saved per installed version of
+the peer (:mod:`agentenv.adapters.listing`): the first listing after a peer is installed or upgraded
+imports it, later ones do not. Gymnasium's ids, which say nothing of their spaces until built, are
+listed as the pattern ``gym/<ID>``. A listed game that cannot be built here (an NLTK corpus it needs
+is not installed, ...: :mod:`agentenv.adapters.needs`) is listed with what it needs
+(:func:`unavailable`), and making it raises :class:`~agentenv.errors.EnvUnavailable`.
 """
 
 from __future__ import annotations
@@ -33,16 +37,19 @@ import importlib.util
 from dataclasses import dataclass
 from typing import Any
 
+from agentenv.adapters import listing
+from agentenv.adapters.needs import unavailable_reason
 from agentenv.registration import EnvSpec, register, registry
 
 
 @dataclass(frozen=True)
 class Adapter:
-    """One peer: its id prefix, adapter class, the module it needs, and a description template."""
+    """One peer: its id prefix, adapter class, the module and distribution it needs, and a description template."""
 
     prefix: str
     entry_point: str
     package: str
+    distribution: str
     description: str
 
     def installed(self) -> bool:
@@ -55,15 +62,35 @@ class Adapter:
 
 
 ADAPTERS: tuple[Adapter, ...] = (
-    Adapter("gym/", "agentenv.adapters.gym_env:GymnasiumEnv", "gymnasium",
-            "Gymnasium {} (text spaces), through agentenv's contract"),
-    Adapter("reasoning_gym/", "agentenv.adapters.reasoning_gym_env:ReasoningGymEnv", "reasoning_gym",
-            "reasoning-gym {}: one reply with an <answer> tag; reward = the family's verifier score"),
-    Adapter("reasoning_gym_tool/", "agentenv.adapters.reasoning_gym_env:ReasoningGymToolEnv", "reasoning_gym",
-            "reasoning-gym {} with the sandboxed Python tool; reward = the verifier's score of the \\boxed{{}}"),
-    Adapter("gem/", "agentenv.adapters.gem_env:GemEnv", "gem", "GEM {} (gem-llm)"),
-    Adapter("textarena/", "agentenv.adapters.textarena_env:TextArenaEnv", "textarena",
-            "TextArena {} (single player; reward at the end)"),
+    Adapter(
+        "gym/",
+        "agentenv.adapters.gym_env:GymnasiumEnv",
+        "gymnasium",
+        "gymnasium",
+        "Gymnasium {} (text spaces), through agentenv's contract",
+    ),
+    Adapter(
+        "reasoning_gym/",
+        "agentenv.adapters.reasoning_gym_env:ReasoningGymEnv",
+        "reasoning_gym",
+        "reasoning-gym",
+        "reasoning-gym {}: one reply with an <answer> tag; reward = the family's verifier score",
+    ),
+    Adapter(
+        "reasoning_gym_tool/",
+        "agentenv.adapters.reasoning_gym_env:ReasoningGymToolEnv",
+        "reasoning_gym",
+        "reasoning-gym",
+        "reasoning-gym {} with the sandboxed Python tool; reward = the verifier's score of the \\boxed{{}}",
+    ),
+    Adapter("gem/", "agentenv.adapters.gem_env:GemEnv", "gem", "gem-llm", "GEM {} (gem-llm)"),
+    Adapter(
+        "textarena/",
+        "agentenv.adapters.textarena_env:TextArenaEnv",
+        "textarena",
+        "textarena",
+        "TextArena {} (single player; reward at the end)",
+    ),
 )
 
 #: Rows ``agentenv envs`` prints for ids that are patterns, not a list: ``(pattern, description)``.
@@ -103,7 +130,7 @@ def resolve(env_id: str) -> EnvSpec | None:
 
 
 def listed_ids(adapter: Adapter) -> list[str]:
-    """The peer ids ``agentenv envs`` lists for ``adapter`` (it must be installed)."""
+    """The peer ids ``agentenv envs`` lists for ``adapter``, read from the peer (imports it; it must be installed)."""
     mod = adapter.module()
     if adapter.prefix.startswith("reasoning_gym"):
         return mod.families()
@@ -112,10 +139,37 @@ def listed_ids(adapter: Adapter) -> list[str]:
     return []
 
 
+def built_rows(adapter: Adapter) -> list[listing.Row]:
+    """``adapter``'s listing read from the peer itself (imports it): each listed id, its kwargs and its needs."""
+    mod = adapter.module()  # every adapter module has resolve(agentenv_id) and needs(peer_id)
+    found = ((i, mod.resolve(adapter.prefix + i)) for i in listed_ids(adapter))
+    return [listing.Row(i, kwargs, tuple(mod.needs(i))) for i, kwargs in found if kwargs is not None]
+
+
+def listed_rows(adapter: Adapter) -> list[listing.Row]:
+    """``adapter``'s listing: saved for the peer's installed version, else :func:`built_rows` (then saved)."""
+    return listing.rows(adapter.prefix.rstrip("/"), adapter.distribution, lambda: built_rows(adapter))
+
+
+def _listed_spec(adapter: Adapter, row: listing.Row) -> EnvSpec:
+    description = adapter.description.format(row.peer_id)
+    return EnvSpec(adapter.prefix + row.peer_id, adapter.entry_point, dict(row.kwargs), description)
+
+
 def installed_specs() -> list[EnvSpec]:
-    """Specs of every listed id of every installed peer, for ``agentenv envs``; nothing is registered."""
-    specs = []
-    for adapter in ADAPTERS:
-        if adapter.installed():
-            specs += [s for i in listed_ids(adapter) if (s := _spec(adapter, adapter.prefix + i)) is not None]
-    return specs
+    """Specs of every listed id of every installed peer, for ``agentenv envs``; nothing is registered.
+
+    Read from each peer's saved listing (:func:`listed_rows`): no peer is imported unless its listing
+    must be built.
+    """
+    return [_listed_spec(a, row) for a in ADAPTERS if a.installed() for row in listed_rows(a)]
+
+
+def unavailable() -> dict[str, str]:
+    """Listed ids that cannot be built on this machine -> what each needs and how to get it.
+
+    Checked at each call (a corpus installed after the listing was saved counts), without network access.
+    """
+    needing = [(a.prefix + r.peer_id, r.needs) for a in ADAPTERS if a.installed() for r in listed_rows(a) if r.needs]
+    reasons = {needs: unavailable_reason(needs) for needs in {needs for _, needs in needing}}
+    return {env_id: reason for env_id, needs in needing if (reason := reasons[needs])}

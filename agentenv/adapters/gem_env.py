@@ -9,7 +9,10 @@ episode's seed (:class:`~agentenv.adapters._common.PrivateRandom`), so a seeded 
 the process's global ``random`` is untouched.
 
 ``agentenv envs`` lists GEM's self-contained ``game:`` ids; every other GEM id can be made too, but
-its data (``math:``, ``qa:``, ``code:``) comes from the Hugging Face hub, out of reach offline.
+its data (``math:``, ``qa:``, ``code:``) comes from the Hugging Face hub, out of reach offline. The
+games that download NLTK data on first use (Hangman, Wordle) need it installed beforehand: ``agentenv
+envs`` marks them when it is not, and building one then raises :class:`~agentenv.errors.EnvUnavailable`
+before any of GEM's game code runs (:func:`needs`).
 """
 
 from __future__ import annotations
@@ -18,8 +21,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from agentenv.adapters._common import PrivateRandom, SeedTasks, root_logging_kept
+from agentenv.adapters.needs import source_needs, unavailable_reason
 from agentenv.core import Env, StepResult, TaskSet
-from agentenv.errors import ClosedError, ConfigError, ResetNeeded
+from agentenv.errors import ClosedError, ConfigError, EnvUnavailable, ResetNeeded
 from agentenv.text_spaces import UnicodeText
 
 PREFIX = "gem/"
@@ -49,6 +53,8 @@ class GemEnv(Env[str, str]):
 
     Raises:
         ConfigError: GEM has no ``gem_id``, or its constructor rejects ``gem_kwargs``.
+        EnvUnavailable: The game cannot be built here (:func:`needs`: NLTK data not installed); raised
+            before GEM builds it, the message names what is missing and how to install it.
     """
 
     observation_space = UnicodeText(1 << 17)
@@ -61,6 +67,8 @@ class GemEnv(Env[str, str]):
         registry = gem_registry()
         if gem_id not in registry:
             raise ConfigError(f"GEM has no environment {gem_id!r} (gem-llm's ids: {', '.join(sorted(registry))})")
+        if reason := unavailable_reason(needs(gem_id)):
+            raise EnvUnavailable(f"{PREFIX}{gem_id} cannot be built here: {reason}")
         import gem
 
         self.gem_id = gem_id
@@ -122,6 +130,16 @@ class GemEnv(Env[str, str]):
 def listed_ids() -> list[str]:
     """The GEM ids ``agentenv envs`` lists: the self-contained games (``game:``)."""
     return sorted(i for i in gem_registry() if i.startswith("game:"))
+
+
+def needs(gem_id: str) -> tuple[str, ...]:
+    """What GEM's ``gem_id`` needs besides the package (:mod:`agentenv.adapters.needs`), from its source.
+
+    Raises:
+        KeyError: GEM has no ``gem_id``.
+    """
+    entry_point = gem_registry()[gem_id].entry_point
+    return source_needs(entry_point.partition(":")[0]) if isinstance(entry_point, str) else ()
 
 
 def resolve(agentenv_id: str) -> dict[str, Any] | None:

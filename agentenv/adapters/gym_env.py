@@ -110,6 +110,11 @@ class GymnasiumEnv(Env[str, str]):
         return f"<GymnasiumEnv {self.gym_id}>"
 
 
+def needs(peer_id: str) -> tuple[str, ...]:
+    """What the peer's ``peer_id`` needs besides the package (:mod:`agentenv.adapters.needs`): nothing."""
+    return ()
+
+
 def resolve(agentenv_id: str) -> dict[str, Any] | None:
     """Registry keyword arguments for ``gym/<ID>`` when Gymnasium knows ``ID``; None otherwise."""
     import gymnasium

@@ -223,6 +223,11 @@ class ReasoningGymToolEnv(PythonToolEnv):
         return f"<ReasoningGymToolEnv {self.items.family} seed={self.items.seed} size={self.items.size}>"
 
 
+def needs(peer_id: str) -> tuple[str, ...]:
+    """What the peer's ``peer_id`` needs besides the package (:mod:`agentenv.adapters.needs`): nothing."""
+    return ()
+
+
 def resolve(agentenv_id: str) -> dict[str, Any] | None:
     """Registry keyword arguments for ``reasoning_gym[_tool]/<FAMILY>`` of a known family; None otherwise."""
     family = agentenv_id.split("/", 1)[1]

@@ -19,8 +19,13 @@ env.close()``. The game is built with ``textarena.make(ID)``, its registered wra
   ``turn_count``); always ``task_id``.
 
 TextArena's games draw from the global ``random`` module (``State`` calls ``random.seed``); each
-adapter env keeps a private stream (:class:`~agentenv.adapters._common.PrivateRandom`). Games that
-fetch NLTK corpora on first use (Wordle, Hangman, ...) need those corpora installed.
+adapter env keeps a private stream (:class:`~agentenv.adapters._common.PrivateRandom`).
+
+Games that download NLTK data on first use (Wordle, Hangman, ...) need it installed beforehand, and
+games whose game master is an online model (GuessWho, TwentyQuestions) need ``OPENROUTER_API_KEY``
+and the network: :func:`needs` reads what a game needs from its source, ``agentenv envs`` marks the
+games that cannot be built here, and building one raises :class:`~agentenv.errors.EnvUnavailable`
+before any of the game's code runs (so nothing is downloaded).
 """
 
 from __future__ import annotations
@@ -30,8 +35,9 @@ from pathlib import Path
 from typing import Any
 
 from agentenv.adapters._common import PrivateRandom, SeedTasks
+from agentenv.adapters.needs import source_needs, unavailable_reason
 from agentenv.core import Env, StepResult, TaskSet
-from agentenv.errors import ClosedError, ConfigError, ResetNeeded
+from agentenv.errors import ClosedError, ConfigError, EnvUnavailable, ResetNeeded
 from agentenv.text_spaces import UnicodeText
 
 PREFIX = "textarena/"
@@ -82,6 +88,9 @@ class TextArenaEnv(Env[str, str]):
     Raises:
         ConfigError: TextArena has no ``ta_id``, it is not a single-player game, or the game's
             constructor rejects ``ta_kwargs``.
+        EnvUnavailable: The game cannot be built here (:func:`needs`: NLTK data not installed,
+            ``OPENROUTER_API_KEY`` not set, a module that does not compile); raised before the game's
+            code runs, the message names what is missing and how to install it.
     """
 
     observation_space = UnicodeText(1 << 17)
@@ -96,6 +105,8 @@ class TextArenaEnv(Env[str, str]):
             raise ConfigError(f"TextArena has no environment {ta_id!r}")
         if not is_single_player(ta_id):
             raise ConfigError(f"textarena/{ta_id} is not a single-player game (agentenv plays one player)")
+        if reason := unavailable_reason(needs(ta_id)):
+            raise EnvUnavailable(f"{PREFIX}{ta_id} cannot be built here: {reason}")
         self.ta_id = ta_id
         self.seeds = SeedTasks(ta_id, task_seed, num_tasks)
         self._random = PrivateRandom()
@@ -176,6 +187,16 @@ class TextArenaEnv(Env[str, str]):
 def listed_ids() -> list[str]:
     """The TextArena ids ``agentenv envs`` lists: its single-player games."""
     return sorted(i for i in textarena_registry() if is_single_player(i))
+
+
+def needs(ta_id: str) -> tuple[str, ...]:
+    """What TextArena's game ``ta_id`` needs besides the package (:mod:`agentenv.adapters.needs`), from its source.
+
+    Raises:
+        KeyError: TextArena has no ``ta_id``.
+    """
+    entry_point = textarena_registry()[ta_id].entry_point
+    return source_needs(entry_point.partition(":")[0]) if isinstance(entry_point, str) else ()
 
 
 def resolve(agentenv_id: str) -> dict[str, Any] | None:
