@@ -36,6 +36,7 @@ for callers that have no conversation.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -383,6 +384,17 @@ class Conversation:
         self._reply_open = False
         self.violations = 0
         self.restarts = 0
+
+    def fork(self) -> Conversation:
+        """An independent copy of this conversation (the same renderer), to continue another way.
+
+        The agents' endpoint forks a conversation for each choice of an ``n > 1`` reply.
+        """
+        other = copy.copy(self)
+        other._tools = [dict(t) for t in self._tools]
+        other._held = dict(self._held)
+        other._messages = [dict(m) for m in self._messages]
+        return other
 
     def _hold(self, content: str) -> str:
         if not self._r._holds_special(content):

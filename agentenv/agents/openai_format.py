@@ -21,6 +21,15 @@ _PIECE = re.compile(r"\s*\S+|\s+")
 
 
 @dataclass(frozen=True)
+class Choice:
+    """One choice of a reply: its assistant message, finish reason and log-probabilities (or None)."""
+
+    message: dict[str, Any]
+    finish_reason: str
+    logprobs: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
 class ServedReply:
     """One reply of the policy, as the endpoint writes it.
 
@@ -32,10 +41,11 @@ class ServedReply:
             ``reasoning_content`` where the reply has them.
         finish_reason: ``"stop"``, ``"length"`` (a token budget cut it) or ``"tool_calls"``.
         prompt_tokens: Tokens the engine conditioned on (tokens).
-        completion_tokens: Tokens sampled (tokens).
+        completion_tokens: Tokens sampled, over all choices (tokens).
         version: Policy version of the reply's last sampled token.
         logprobs: ``{"content": [{token, logprob, bytes, top_logprobs}, ...]}`` over the sampled
             tokens, or None when the request did not ask for them.
+        more_choices: Choices 1..n-1 of a request with ``n > 1`` (choice 0 is ``message``).
         stream: The request asked for server-sent events (:meth:`events`), not a body.
         include_usage: The stream ends with a usage chunk (``stream_options.include_usage``).
     """
@@ -49,6 +59,7 @@ class ServedReply:
     completion_tokens: int
     version: int
     logprobs: dict[str, Any] | None = None
+    more_choices: tuple[Choice, ...] = ()
     stream: bool = False
     include_usage: bool = False
 
@@ -63,8 +74,10 @@ class ServedReply:
 
     def body(self) -> dict[str, Any]:
         """The ``chat.completion`` response body."""
-        choice = {"index": 0, "message": self.message, "finish_reason": self.finish_reason, "logprobs": self.logprobs}
-        return {**self._head("chat.completion"), "choices": [choice], "usage": self.usage()}
+        first = Choice(self.message, self.finish_reason, self.logprobs)
+        choices = [{"index": k, "message": c.message, "finish_reason": c.finish_reason, "logprobs": c.logprobs}
+                   for k, c in enumerate((first, *self.more_choices))]
+        return {**self._head("chat.completion"), "choices": choices, "usage": self.usage()}
 
     def chunks(self) -> list[dict[str, Any]]:
         """The ``chat.completion.chunk`` objects of the stream, in order (see the module docstring)."""

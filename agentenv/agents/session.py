@@ -24,6 +24,7 @@ must come from it (each request that asked otherwise is counted in ``info["sampl
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import time
 import uuid
@@ -31,7 +32,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agentenv.agents.openai_format import ServedReply, logprobs_content
+from agentenv.agents.openai_format import Choice, ServedReply, logprobs_content
 from agentenv.engines.base import GenerationEngine, GenerationOutput, SamplingParams
 from agentenv.errors import EngineError, TemplateError
 from agentenv.rollout import TOKEN_BUDGET_ENDINGS, RolloutConfig, append_output, turn_ending
@@ -160,6 +161,8 @@ def validate_tools(tools: Any) -> list[dict[str, Any]]:
 
 #: Largest ``top_logprobs`` the OpenAI API accepts; the endpoint serves only 0 (the sampled token's log-probability).
 MAX_TOP_LOGPROBS = 20
+#: Most choices one request may ask for (``n``).
+MAX_CHOICES = 8
 
 
 @dataclass(frozen=True)
@@ -217,6 +220,7 @@ class RequestOptions:
         logprobs: Return the sampled tokens' log-probabilities.
         max_tokens: ``max_completion_tokens`` (or ``max_tokens``): at most this many tokens.
         tool_choice: See :class:`ToolChoice`.
+        n: Choices to sample, each its own sample (trajectory) of the episode.
     """
 
     stream: bool = False
@@ -224,15 +228,16 @@ class RequestOptions:
     logprobs: bool = False
     max_tokens: int | None = None
     tool_choice: ToolChoice = ToolChoice()
+    n: int = 1
 
     @classmethod
     def read(cls, body: Mapping[str, Any], tools: Sequence[Mapping[str, Any]]) -> RequestOptions:
         """Validate the options of a request body.
 
         Raises:
-            OpenAIError: A field of the wrong type (400 ``invalid_value``); ``n`` other than 1 or a
-                ``top_logprobs`` above 0 (400 ``unsupported_value``: each choice would be its own
-                trajectory, and the engines return the sampled token's log-probability only).
+            OpenAIError: A field of the wrong type, ``n`` outside [1, :data:`MAX_CHOICES`] (400
+                ``invalid_value``); ``n > 1`` with ``stream``, or a ``top_logprobs`` above 0 (400
+                ``unsupported_value``: the engines return the sampled token's log-probability only).
         """
         flags = {}
         for key in ("stream", "logprobs"):
@@ -243,9 +248,11 @@ class RequestOptions:
         if stream_options is not None and not isinstance(stream_options, Mapping):
             raise _bad("stream_options must be an object", "stream_options")
         include_usage = bool((stream_options or {}).get("include_usage"))
-        if body.get("n") not in (1, None):
-            raise _bad(f"n={body.get('n')!r}: this endpoint serves n=1 (each episode continues one reply)",
-                       "n", "unsupported_value")
+        n = 1 if body.get("n") is None else body["n"]
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_CHOICES:
+            raise _bad(f"n must be an integer in [1, {MAX_CHOICES}], got {n!r}", "n")
+        if n > 1 and flags["stream"]:
+            raise _bad("n > 1 is not served with stream=true", "n", "unsupported_value")
         top = body.get("top_logprobs")
         if top is not None and (isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= MAX_TOP_LOGPROBS):
             raise _bad(f"top_logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}]", "top_logprobs")
@@ -256,7 +263,19 @@ class RequestOptions:
         if requested is not None and (isinstance(requested, bool) or not isinstance(requested, int) or requested < 1):
             raise _bad("max_tokens must be an integer >= 1", "max_tokens")
         return cls(stream=flags["stream"], include_usage=include_usage, logprobs=flags["logprobs"],
-                   max_tokens=requested, tool_choice=ToolChoice.read(body.get("tool_choice"), tools))
+                   max_tokens=requested, tool_choice=ToolChoice.read(body.get("tool_choice"), tools), n=n)
+
+
+def _extends(state: Mapping[str, Any], norm: list[dict[str, Any]], tools: list[dict[str, Any]]) -> bool:
+    """Whether a request (``norm``, ``tools``) extends the history of a line (an ``AgentSession._BRANCH`` state).
+
+    It does when the tools are the same and the messages are the line's history as the agent was
+    shown it, then only new tool or user messages after the line's open reply.
+    """
+    seen = state["_seen"]
+    return (state["_conv"] is not None and state["_reply_open"] and tools == state["_tools"]
+            and len(norm) > len(seen) and norm[: len(seen)] == seen
+            and all(m["role"] != "assistant" for m in norm[len(seen):]))
 
 
 def _template_message(m: Mapping[str, Any], names: Mapping[str, str]) -> dict[str, Any]:
@@ -287,7 +306,8 @@ class AgentSession:
         samples: Finished and current samples, in order (each a :class:`Trajectory`).
         info: Counters: ``turns`` (replies sampled), ``turn_endings``, ``tool_calls``,
             ``prefix_violations``, ``history_rewrites``, ``sampling_overrides``,
-            ``forced_call_openings`` (replies a ``tool_choice`` forced to open a call), ``truncation``.
+            ``forced_call_openings`` (replies a ``tool_choice`` forced to open a call),
+            ``extra_choices`` (choices beyond the first of ``n > 1`` requests), ``truncation``.
         log: ``(prompt_ids, GenerationOutput)`` of every engine call, in order.
         closed: The episode ended; every later request is refused (409).
     """
@@ -300,7 +320,7 @@ class AgentSession:
         self.samples: list[Trajectory] = []
         self.info: dict[str, Any] = {"turns": 0, "turn_endings": [], "tool_calls": 0, "prefix_violations": 0,
                                      "history_rewrites": 0, "sampling_overrides": 0, "forced_call_openings": 0,
-                                     "truncation": None}
+                                     "extra_choices": 0, "truncation": None}
         self.log: list[tuple[list[int], GenerationOutput]] = []
         self.closed = False
         self.lock = asyncio.Lock()
@@ -311,11 +331,30 @@ class AgentSession:
         self._reply_open = False  # the last reply has no observation yet
         self._cut = False  # the last reply ended without its end-of-turn token
         self._used = 0  # budget tokens spent after the first prompt (tokens)
+        self._row: Trajectory | None = None  # the sample the conversation continues
+        self._alternatives: list[dict[str, Any]] = []  # the other choices of an n > 1 reply (_BRANCH state)
+
+    #: The state of one line of the conversation; an ``n > 1`` reply makes one line per choice.
+    _BRANCH = ("_conv", "_row", "_seen", "_tools", "_reply_open", "_cut", "_used")
 
     @property
     def traj(self) -> Trajectory | None:
-        """The current sample."""
-        return self.samples[-1] if self.samples else None
+        """The current sample (the one the next request continues)."""
+        return self._row
+
+    def _snapshot(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self._BRANCH}
+
+    def _restore(self, state: Mapping[str, Any]) -> None:
+        for k, v in state.items():
+            setattr(self, k, v)
+
+    def _forked(self) -> dict[str, Any]:
+        """An independent copy of the current line (a new sample id for the copy of the row)."""
+        assert self._row is not None
+        row = copy.deepcopy(self._row)
+        row.id = uuid.uuid4().hex
+        return {**self._snapshot(), "_conv": self._conv.fork(), "_row": row, "_seen": list(self._seen)}
 
     def _new_sample(self, prompt: list[int]) -> None:
         last = self.traj
@@ -325,6 +364,7 @@ class AgentSession:
         traj.append_environment_tokens(prompt)
         traj.prompt_length = len(prompt)
         self.samples.append(traj)
+        self._row = traj
 
     def _append_env(self, ids: list[int]) -> None:
         assert self.traj is not None
@@ -332,13 +372,19 @@ class AgentSession:
         self._used += len(ids)
 
     def _prepare(self, norm: list[dict[str, Any]], tools: list[dict[str, Any]]) -> None:
-        """Bring the current row up to the request's history (extend, or start a new sample)."""
+        """Bring the current row up to the request's history (extend, or start a new sample).
+
+        After an ``n > 1`` reply the history may extend any of its choices: the line of that choice
+        is continued (the others stay samples of their own).
+        """
+        chosen = next((alt for alt in self._alternatives if _extends(alt, norm, tools)), None)
+        if chosen is not None and not _extends(self._snapshot(), norm, tools):
+            self._restore(chosen)
+        self._alternatives = []
         k = len(self._seen)
         if self._conv is not None and not self._reply_open and norm == self._seen and tools == self._tools:
             return  # a retry of a request that got no reply (an error): the row is ready
-        extends = (self._conv is not None and self._reply_open and tools == self._tools and len(norm) > k
-                   and norm[:k] == self._seen and all(m["role"] != "assistant" for m in norm[k:]))
-        if extends:
+        if _extends(self._snapshot(), norm, tools):
             closing = [self.renderer.end_of_turn_id] if self._cut else []
             new = [_template_message(m, self._names) for m in norm[k:]]
             delta = self._conv.observe_messages(new, policy=self.cfg.on_prefix_violation)
@@ -399,38 +445,63 @@ class AgentSession:
             if requested is not None and requested > left:
                 raise _bad(f"max_tokens={requested} exceeds the {left} tokens this episode has left", "max_tokens",
                            "max_tokens_exceeded")
-            per_turn = self.cfg.max_new_tokens_per_turn
-            budget = min(per_turn, left, requested or per_turn)
+            budget = min(self.cfg.max_new_tokens_per_turn, left, requested or self.cfg.max_new_tokens_per_turn)
             params = SamplingParams(max_new_tokens=budget, temperature=self.cfg.temperature, top_p=self.cfg.top_p,
                                     top_k=self.cfg.top_k, stop_token_ids=tuple(self.renderer.stop_token_ids))
             prompt = [*traj.token_ids, *forced]
             try:
-                out = await self.engine.generate(prompt, params)
+                outs = await asyncio.gather(*(self.engine.generate(prompt, params) for _ in range(options.n)))
             except EngineError as exc:
                 raise OpenAIError(500, f"engine: {exc}", code="engine_error", type_="server_error") from exc
             self._append_env(forced)  # only once the engine served the request: a refusal leaves the row as it was
-            append_output(traj, out)
-            self.log.append((prompt, out))
-            self._used += len(out.token_ids)
-            ending = turn_ending(out, tuple(self.renderer.stop_token_ids), budget=budget, per_turn=per_turn,
-                                 context_left=context_left)
             self.info["turns"] += 1
-            self.info["turn_endings"].append(ending)
             self.info["forced_call_openings"] += bool(forced)
-            self._cut = not (out.token_ids and out.token_ids[-1] in self.renderer.stop_token_ids)
-            text = self._conv.add_reply([*forced, *out.token_ids])
-            message, finish = self._message(text, ending, parse_calls=options.tool_choice.mode != "none")
-            self._seen.append(normalize_messages([message])[0])
-            self._reply_open = True
-            logprobs = None
-            if options.logprobs:
-                pieces = [self.renderer.decode([t], keep_special=True) for t in out.token_ids]
-                logprobs = logprobs_content(pieces, out.logprobs)
+            self.info["extra_choices"] += options.n - 1
+            base = self._forked() if options.n > 1 else None  # the line before any reply, for the other choices
+            choices = [self._take(prompt, outs[0], forced, options, budget, context_left, 0)]
+            live = self._snapshot()
+            for k, out in enumerate(outs[1:], start=1):  # each other choice: a sample of its own
+                self._restore(self._forked_from(base))
+                self.samples.append(self._row)
+                choices.append(self._take(prompt, out, forced, options, budget, context_left, k))
+                self._alternatives.append(self._snapshot())
+            self._restore(live)
             return ServedReply(id=f"chatcmpl-{uuid.uuid4().hex}", created=int(time.time()), model=model,
-                               message=message, finish_reason=finish, prompt_tokens=len(prompt),
-                               completion_tokens=len(out.token_ids),
-                               version=out.spans[-1].version if out.spans else self.engine.version,
-                               logprobs=logprobs, stream=options.stream, include_usage=options.include_usage)
+                               message=choices[0].message, finish_reason=choices[0].finish_reason,
+                               prompt_tokens=len(prompt), completion_tokens=sum(len(o.token_ids) for o in outs),
+                               version=max((o.spans[-1].version for o in outs if o.spans), default=self.engine.version),
+                               logprobs=choices[0].logprobs, more_choices=tuple(choices[1:]), stream=options.stream,
+                               include_usage=options.include_usage)
+
+    def _forked_from(self, state: dict[str, Any] | None) -> dict[str, Any]:
+        assert state is not None
+        live = self._snapshot()
+        self._restore(state)
+        fork = self._forked()
+        self._restore(live)
+        return fork
+
+    def _take(self, prompt: list[int], out: GenerationOutput, forced: list[int], options: RequestOptions,
+              budget: int, context_left: int, index: int) -> Choice:
+        """Record one sampled reply in the current line and return it as a choice."""
+        assert self._row is not None
+        append_output(self._row, out)
+        self.log.append((prompt, out))
+        self._used += len(out.token_ids)
+        ending = turn_ending(out, tuple(self.renderer.stop_token_ids), budget=budget,
+                             per_turn=self.cfg.max_new_tokens_per_turn, context_left=context_left)
+        if index == 0:
+            self.info["turn_endings"].append(ending)
+        self._cut = not (out.token_ids and out.token_ids[-1] in self.renderer.stop_token_ids)
+        text = self._conv.add_reply([*forced, *out.token_ids])
+        message, finish = self._message(text, ending, parse_calls=options.tool_choice.mode != "none", choice=index)
+        self._seen.append(normalize_messages([message])[0])
+        self._reply_open = True
+        logprobs = None
+        if options.logprobs:
+            pieces = [self.renderer.decode([t], keep_special=True) for t in out.token_ids]
+            logprobs = logprobs_content(pieces, out.logprobs)
+        return Choice(message, finish, logprobs)
 
     def _forced_opening(self, choice: ToolChoice) -> list[int]:
         """The ids of the call opening ``tool_choice`` forces (``[]`` for ``auto`` and ``none``)."""
@@ -440,15 +511,18 @@ class AgentSession:
         text = self.parser.call_opening(choice.name)
         return list(self.renderer.tokenizer(text, add_special_tokens=False)["input_ids"])
 
-    def _message(self, text: str, ending: str, *, parse_calls: bool = True) -> tuple[dict[str, Any], str]:
+    def _message(self, text: str, ending: str, *, parse_calls: bool = True,
+                 choice: int = 0) -> tuple[dict[str, Any], str]:
         """The assistant message of a reply: content, parsed tool calls, reasoning; and its finish reason.
 
         ``parse_calls=False`` (``tool_choice="none"``): the reply is content as written, never a call.
+        ``choice``: the reply's index among the request's ``n`` choices (its calls' ids name it).
         """
         parsed = self.parser.parse(text)
         calls = []
+        turn = f"{self.info['turns']}" + (f"c{choice}" if choice else "")
         for k, call in enumerate(parsed.calls if parse_calls else ()):
-            call_id = f"call_{self.id[-8:]}_{self.info['turns']}_{k}"
+            call_id = f"call_{self.id[-8:]}_{turn}_{k}"
             self._names[call_id] = call.name
             calls.append({"id": call_id, "type": "function",
                           "function": {"name": call.name, "arguments": json.dumps(dict(call.arguments))}})

@@ -181,6 +181,34 @@ async def test_required_lets_the_model_name_the_tool_and_none_parses_no_call(ren
     await endpoint.close()
 
 
+async def test_n_choices_are_samples_of_their_own_and_the_history_picks_the_line(renderer):
+    """Three choices of one request: three rows sharing the prompt; the agent goes on with the second."""
+    replies = ["Maybe 4.", "It is 5.", "Six?", "Yes, 5."]
+    engine = ScriptedReplies(renderer, replies)
+    cfg = RolloutConfig(max_turns=4, max_new_tokens_per_turn=64, max_total_tokens=400)
+    endpoint, session, client = await served(engine, renderer, cfg)
+    first = await client.chat.completions.create(model=MODEL, messages=ASK, n=3, logprobs=True)
+    assert [c.index for c in first.choices] == [0, 1, 2]
+    assert [c.message.content for c in first.choices] == replies[:3]
+    assert all(c.logprobs.content[0].logprob == -0.25 for c in first.choices)
+    assert first.usage.completion_tokens == sum(len(out.token_ids) for _, out in session.log)
+    rows = list(session.samples)
+    prompt = session.log[0][0]
+    assert len(rows) == 3 and len({r.id for r in rows}) == 3 and engine.prompts == [prompt] * 3
+    for row, (_, out) in zip(rows, session.log, strict=True):  # each row: the shared prompt, then its own reply
+        assert row.token_ids == prompt + out.token_ids and row.loss_mask == [0] * len(prompt) + [1] * len(out.token_ids)
+    messages = [*ASK, first.choices[1].message.model_dump(exclude_none=True), {"role": "user", "content": "Sure?"}]
+    second = await client.chat.completions.create(model=MODEL, messages=messages)
+    assert second.choices[0].message.content == "Yes, 5."
+    assert session.traj is rows[1] and len(session.samples) == 3  # the second choice's row goes on
+    assert renderer.decode(rows[1].token_ids).endswith("Sure?\nassistant\nYes, 5.")
+    assert rows[0].token_ids == prompt + session.log[0][1].token_ids  # the others stay as they were
+    assert session.info["history_rewrites"] == 0 and session.info["extra_choices"] == 2
+    assert session.info["turns"] == 2
+    await client.close()
+    await endpoint.close()
+
+
 async def test_bad_options_are_refused_and_nothing_is_recorded(renderer):
     engine = ScriptedReplies(renderer, ["fine"])
     cfg = RolloutConfig(max_turns=4, max_new_tokens_per_turn=16, max_total_tokens=400)
@@ -192,7 +220,8 @@ async def test_bad_options_are_refused_and_nothing_is_recorded(renderer):
         assert err.value.code == code and message in str(err.value), err.value
         assert session.samples[1:] == [] and not engine.prompts  # the engine was never asked
 
-    await refused("unsupported_value", "serves n=1", n=2)
+    await refused("invalid_value", "n must be an integer in [1, 8], got 9", n=9)
+    await refused("unsupported_value", "n > 1 is not served with stream=true", n=2, stream=True)
     await refused("unsupported_value", "sampled token's log-probability only", logprobs=True, top_logprobs=3)
     await refused("invalid_value", "top_logprobs must be an integer in [0, 20]", logprobs=True, top_logprobs=21)
     await refused("invalid_value", "not among the request's tools (add)", tools=[ADD],
