@@ -304,7 +304,7 @@ class AgentSession:
 
     Attributes:
         samples: Finished and current samples, in order (each a :class:`Trajectory`).
-        info: Counters: ``turns`` (replies sampled), ``turn_endings``, ``tool_calls``,
+        info: Counters: ``turns`` (requests served), ``turn_endings``, ``tool_calls``,
             ``prefix_violations``, ``history_rewrites``, ``sampling_overrides``,
             ``forced_call_openings`` (replies a ``tool_choice`` forced to open a call),
             ``extra_choices`` (choices beyond the first of ``n > 1`` requests), ``truncation``.
@@ -349,12 +349,12 @@ class AgentSession:
         for k, v in state.items():
             setattr(self, k, v)
 
-    def _forked(self) -> dict[str, Any]:
-        """An independent copy of the current line (a new sample id for the copy of the row)."""
-        assert self._row is not None
-        row = copy.deepcopy(self._row)
+    @staticmethod
+    def _fork(state: Mapping[str, Any]) -> dict[str, Any]:
+        """An independent copy of a line's state (the copy of its row is a new sample, with its own id)."""
+        row = copy.deepcopy(state["_row"])
         row.id = uuid.uuid4().hex
-        return {**self._snapshot(), "_conv": self._conv.fork(), "_row": row, "_seen": list(self._seen)}
+        return {**state, "_conv": state["_conv"].fork(), "_row": row, "_seen": list(state["_seen"])}
 
     def _new_sample(self, prompt: list[int]) -> None:
         last = self.traj
@@ -457,11 +457,11 @@ class AgentSession:
             self.info["turns"] += 1
             self.info["forced_call_openings"] += bool(forced)
             self.info["extra_choices"] += options.n - 1
-            base = self._forked() if options.n > 1 else None  # the line before any reply, for the other choices
+            base = self._fork(self._snapshot()) if options.n > 1 else {}  # the line before any reply
             choices = [self._take(prompt, outs[0], forced, options, budget, context_left, 0)]
             live = self._snapshot()
             for k, out in enumerate(outs[1:], start=1):  # each other choice: a sample of its own
-                self._restore(self._forked_from(base))
+                self._restore(self._fork(base))
                 self.samples.append(self._row)
                 choices.append(self._take(prompt, out, forced, options, budget, context_left, k))
                 self._alternatives.append(self._snapshot())
@@ -472,14 +472,6 @@ class AgentSession:
                                version=max((o.spans[-1].version for o in outs if o.spans), default=self.engine.version),
                                logprobs=choices[0].logprobs, more_choices=tuple(choices[1:]), stream=options.stream,
                                include_usage=options.include_usage)
-
-    def _forked_from(self, state: dict[str, Any] | None) -> dict[str, Any]:
-        assert state is not None
-        live = self._snapshot()
-        self._restore(state)
-        fork = self._forked()
-        self._restore(live)
-        return fork
 
     def _take(self, prompt: list[int], out: GenerationOutput, forced: list[int], options: RequestOptions,
               budget: int, context_left: int, index: int) -> Choice:
