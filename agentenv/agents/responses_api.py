@@ -25,28 +25,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from agentenv.agents.openai_format import ServedReply, text_pieces
-from agentenv.agents.session import OpenAIError
+from agentenv.agents.session import bad_request, content_text
 
 #: Item types of ``input`` this endpoint reads.
 INPUT_ITEMS = ("message", "function_call", "function_call_output", "reasoning")
 
 
-def _bad(message: str, param: str, code: str = "invalid_value") -> OpenAIError:
-    return OpenAIError(400, message, code=code, param=param)
-
-
-def _item_text(content: Any, where: str) -> str:
-    if content is None or isinstance(content, str):
-        return content or ""
-    if isinstance(content, list):
-        parts = []
-        for part in content:
-            if not isinstance(part, Mapping) or part.get("type") not in ("input_text", "output_text", "text") \
-                    or not isinstance(part.get("text"), str):
-                raise _bad(f"{where}: only text content parts (input_text, output_text) are supported", where)
-            parts.append(part["text"])
-        return "".join(parts)
-    raise _bad(f"{where}: content must be a string or a list of text parts", where)
+#: Content part types of an input message.
+TEXT_PARTS = ("input_text", "output_text", "text")
 
 
 def chat_messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -58,22 +44,22 @@ def chat_messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
     """
     messages: list[dict[str, Any]] = []
     if body.get("instructions"):
-        messages.append({"role": "system", "content": _item_text(body["instructions"], "instructions")})
+        messages.append({"role": "system", "content": content_text(body["instructions"], "instructions", TEXT_PARTS)})
     items = body.get("input")
     if isinstance(items, str):
         return [*messages, {"role": "user", "content": items}]
     if not isinstance(items, list) or not items:
-        raise _bad("input must be a string or a non-empty array of items", "input")
+        raise bad_request("input must be a string or a non-empty array of items", "input")
     for i, item in enumerate(items):
         where = f"input[{i}]"
         kind = item.get("type", "message") if isinstance(item, Mapping) else None
         if kind not in INPUT_ITEMS:
-            raise _bad(f"{where}: item type must be one of {', '.join(INPUT_ITEMS)}", where)
+            raise bad_request(f"{where}: item type must be one of {', '.join(INPUT_ITEMS)}", where)
         if kind == "message":
-            messages.append({"role": item.get("role"), "content": _item_text(item.get("content"), where)})
+            messages.append({"role": item.get("role"), "content": content_text(item.get("content"), where, TEXT_PARTS)})
         elif kind == "function_call":
             if not isinstance(item.get("call_id"), str) or not isinstance(item.get("name"), str):
-                raise _bad(f"{where}: a function_call needs call_id and name", where)
+                raise bad_request(f"{where}: a function_call needs call_id and name", where)
             call = {"id": item["call_id"], "type": "function",
                     "function": {"name": item["name"], "arguments": item.get("arguments", "{}")}}
             if not messages or messages[-1]["role"] != "assistant":
@@ -94,15 +80,15 @@ def chat_request(body: Mapping[str, Any]) -> dict[str, Any]:
             responses), a malformed ``input`` or ``tools`` (400).
     """
     if body.get("previous_response_id") is not None:
-        raise _bad("previous_response_id is not served: this endpoint keeps no responses; send the whole "
-                   "conversation as input", "previous_response_id", "unsupported_value")
+        raise bad_request("previous_response_id is not served: this endpoint keeps no responses; send the whole "
+                          "conversation as input", "previous_response_id", "unsupported_value")
     tools = body.get("tools")
     if tools is not None and not isinstance(tools, list):
-        raise _bad("tools must be an array", "tools")
+        raise bad_request("tools must be an array", "tools")
     chat_tools = []
     for i, t in enumerate(tools or []):
         if not isinstance(t, Mapping) or t.get("type") != "function":
-            raise _bad(f"tools[{i}]: only function tools are served", f"tools[{i}]", "unsupported_value")
+            raise bad_request(f"tools[{i}]: only function tools are served", f"tools[{i}]", "unsupported_value")
         fn = {k: t[k] for k in ("name", "description", "parameters") if k in t}
         chat_tools.append({"type": "function", "function": fn})
     choice = body.get("tool_choice")

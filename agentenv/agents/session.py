@@ -60,22 +60,27 @@ class OpenAIError(Exception):
         return {"error": {"message": str(self), "type": self.type, "param": self.param, "code": self.code}}
 
 
-def _bad(message: str, param: str, code: str = "invalid_value") -> OpenAIError:
+def bad_request(message: str, param: str, code: str = "invalid_value") -> OpenAIError:
+    """A 400 :class:`OpenAIError` about ``param``."""
     return OpenAIError(400, message, code=code, param=param)
 
 
-def _text(content: Any, where: str) -> str:
-    """A message's content as text: a string, a list of text parts, or None (empty)."""
+def content_text(content: Any, where: str, kinds: tuple[str, ...] = ("text",)) -> str:
+    """A message's content as text: a string, a list of text parts (of the types ``kinds``), or None (empty).
+
+    Raises:
+        OpenAIError: A part of another type, or content of another kind (400, param ``where``).
+    """
     if content is None or isinstance(content, str):
         return content or ""
     if isinstance(content, list):
         parts = []
         for part in content:
-            if not isinstance(part, Mapping) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise _bad(f"{where}: only text content parts are supported", where)
+            if not isinstance(part, Mapping) or part.get("type") not in kinds or not isinstance(part.get("text"), str):
+                raise bad_request(f"{where}: only text content parts ({', '.join(kinds)}) are supported", where)
             parts.append(part["text"])
         return "".join(parts)
-    raise _bad(f"{where}: content must be a string, a list of text parts or null", where)
+    raise bad_request(f"{where}: content must be a string, a list of text parts or null", where)
 
 
 def _arguments(raw: Any, where: str) -> Any:
@@ -86,7 +91,7 @@ def _arguments(raw: Any, where: str) -> Any:
             return raw  # kept verbatim: the model wrote it so
     if isinstance(raw, Mapping):
         return dict(raw)
-    raise _bad(f"{where}: function.arguments must be a JSON string", where)
+    raise bad_request(f"{where}: function.arguments must be a JSON string", where)
 
 
 def normalize_messages(messages: Any) -> list[dict[str, Any]]:
@@ -99,28 +104,28 @@ def normalize_messages(messages: Any) -> list[dict[str, Any]]:
         OpenAIError: Not a non-empty list of messages with known roles and text content (400).
     """
     if not isinstance(messages, list) or not messages:
-        raise _bad("messages must be a non-empty array", "messages")
+        raise bad_request("messages must be a non-empty array", "messages")
     out = []
     for i, m in enumerate(messages):
         where = f"messages[{i}]"
         if not isinstance(m, Mapping) or m.get("role") not in ROLES:
-            raise _bad(f"{where}: role must be one of {', '.join(ROLES)}", where)
+            raise bad_request(f"{where}: role must be one of {', '.join(ROLES)}", where)
         role = "system" if m["role"] == "developer" else m["role"]
-        msg: dict[str, Any] = {"role": role, "content": _text(m.get("content"), where)}
+        msg: dict[str, Any] = {"role": role, "content": content_text(m.get("content"), where)}
         if role == "assistant" and m.get("tool_calls"):
             calls = m["tool_calls"]
             if not isinstance(calls, list):
-                raise _bad(f"{where}: tool_calls must be an array", where)
+                raise bad_request(f"{where}: tool_calls must be an array", where)
             msg["tool_calls"] = []
             for c in calls:
                 fn = c.get("function") if isinstance(c, Mapping) else None
                 if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str):
-                    raise _bad(f"{where}: each tool call needs function.name", where)
+                    raise bad_request(f"{where}: each tool call needs function.name", where)
                 msg["tool_calls"].append({"id": c.get("id"), "name": fn["name"],
                                           "arguments": _arguments(fn.get("arguments", "{}"), where)})
         if role == "tool":
             if not isinstance(m.get("tool_call_id"), str):
-                raise _bad(f"{where}: a tool message needs tool_call_id", where)
+                raise bad_request(f"{where}: a tool message needs tool_call_id", where)
             msg["tool_call_id"] = m["tool_call_id"]
         out.append(msg)
     return out
@@ -136,17 +141,17 @@ def validate_tools(tools: Any) -> list[dict[str, Any]]:
     if tools is None:
         return []
     if not isinstance(tools, list):
-        raise _bad("tools must be an array", "tools")
+        raise bad_request("tools must be an array", "tools")
     for i, t in enumerate(tools):
         where = f"tools[{i}]"
         fn = t.get("function") if isinstance(t, Mapping) else None
         if t.get("type") != "function" or not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str) \
                 or not fn["name"]:
-            raise _bad(f"{where}: expected {{'type': 'function', 'function': {{'name': ..., 'parameters': ...}}}}",
-                       where)
+            shape = "{'type': 'function', 'function': {'name': ..., 'parameters': ...}}"
+            raise bad_request(f"{where}: expected {shape}", where)
         params = fn.get("parameters", {"type": "object"})
         if not isinstance(params, Mapping):
-            raise _bad(f"{where}: function.parameters must be a JSON schema object", where, "invalid_schema")
+            raise bad_request(f"{where}: function.parameters must be a JSON schema object", where, "invalid_schema")
         try:
             import jsonschema
         except ImportError:  # without jsonschema only the shape is checked
@@ -154,8 +159,8 @@ def validate_tools(tools: Any) -> list[dict[str, Any]]:
         try:
             jsonschema.validators.validator_for(params).check_schema(params)
         except jsonschema.SchemaError as exc:
-            raise _bad(f"{where}: function.parameters is not a valid JSON schema: {exc.message}", where,
-                       "invalid_schema") from None
+            raise bad_request(f"{where}: function.parameters is not a valid JSON schema: {exc.message}", where,
+                              "invalid_schema") from None
     return [dict(t) for t in tools]
 
 
@@ -198,15 +203,15 @@ class ToolChoice:
         names = [t["function"]["name"] for t in tools]
         if value == "required":
             if not names:
-                raise _bad("tool_choice='required' needs tools", "tool_choice")
+                raise bad_request("tool_choice='required' needs tools", "tool_choice")
             return cls("required")
         fn = value.get("function") if isinstance(value, Mapping) and value.get("type") == "function" else None
         if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str):
-            raise _bad("tool_choice must be 'none', 'auto', 'required' or "
-                       "{'type': 'function', 'function': {'name': ...}}", "tool_choice")
+            raise bad_request("tool_choice must be 'none', 'auto', 'required' or "
+                              "{'type': 'function', 'function': {'name': ...}}", "tool_choice")
         if fn["name"] not in names:
-            raise _bad(f"tool_choice names the function {fn['name']!r}, which is not among the request's tools "
-                       f"({', '.join(names) or 'none'})", "tool_choice")
+            raise bad_request(f"tool_choice names the function {fn['name']!r}, which is not among the request's tools "
+                              f"({', '.join(names) or 'none'})", "tool_choice")
         return cls("function", fn["name"])
 
 
@@ -242,26 +247,26 @@ class RequestOptions:
         flags = {}
         for key in ("stream", "logprobs"):
             if body.get(key) is not None and not isinstance(body[key], bool):
-                raise _bad(f"{key} must be a boolean", key)
+                raise bad_request(f"{key} must be a boolean", key)
             flags[key] = bool(body.get(key))
         stream_options = body.get("stream_options")
         if stream_options is not None and not isinstance(stream_options, Mapping):
-            raise _bad("stream_options must be an object", "stream_options")
+            raise bad_request("stream_options must be an object", "stream_options")
         include_usage = bool((stream_options or {}).get("include_usage"))
         n = 1 if body.get("n") is None else body["n"]
         if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_CHOICES:
-            raise _bad(f"n must be an integer in [1, {MAX_CHOICES}], got {n!r}", "n")
+            raise bad_request(f"n must be an integer in [1, {MAX_CHOICES}], got {n!r}", "n")
         if n > 1 and flags["stream"]:
-            raise _bad("n > 1 is not served with stream=true", "n", "unsupported_value")
+            raise bad_request("n > 1 is not served with stream=true", "n", "unsupported_value")
         top = body.get("top_logprobs")
         if top is not None and (isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= MAX_TOP_LOGPROBS):
-            raise _bad(f"top_logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}]", "top_logprobs")
+            raise bad_request(f"top_logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}]", "top_logprobs")
         if top:
-            raise _bad("top_logprobs above 0 is not served: the engines return the sampled token's "
-                       "log-probability only (logprobs=true)", "top_logprobs", "unsupported_value")
+            raise bad_request("top_logprobs above 0 is not served: the engines return the sampled token's "
+                              "log-probability only (logprobs=true)", "top_logprobs", "unsupported_value")
         requested = body.get("max_completion_tokens", body.get("max_tokens"))
         if requested is not None and (isinstance(requested, bool) or not isinstance(requested, int) or requested < 1):
-            raise _bad("max_tokens must be an integer >= 1", "max_tokens")
+            raise bad_request("max_tokens must be an integer >= 1", "max_tokens")
         return cls(stream=flags["stream"], include_usage=include_usage, logprobs=flags["logprobs"],
                    max_tokens=requested, tool_choice=ToolChoice.read(body.get("tool_choice"), tools), n=n)
 
@@ -421,9 +426,10 @@ class AgentSession:
             tools = validate_tools(body.get("tools"))
             options = RequestOptions.read(body, tools)
             if options.tool_choice.forces_call and not isinstance(self.parser, ForcedCallParser):
-                raise _bad(f"tool_choice={body.get('tool_choice')!r} needs a tool-call format whose calls can be "
-                           f"forced open (hermes, qwen3); this model's parser is {type(self.parser).__name__}",
-                           "tool_choice", "unsupported_value")
+                parser = type(self.parser).__name__
+                raise bad_request(f"tool_choice={body.get('tool_choice')!r} needs a tool-call format whose calls can "
+                                  f"be forced open (hermes, qwen3); this model's parser is {parser}",
+                                  "tool_choice", "unsupported_value")
             for key, ours in (("temperature", self.cfg.temperature), ("top_p", self.cfg.top_p)):
                 if body.get(key) is not None and body[key] != ours:
                     self.info["sampling_overrides"] += 1
@@ -443,8 +449,8 @@ class AgentSession:
                                   "model's context)", code="context_length_exceeded", param="messages")
             requested = options.max_tokens
             if requested is not None and requested > left:
-                raise _bad(f"max_tokens={requested} exceeds the {left} tokens this episode has left", "max_tokens",
-                           "max_tokens_exceeded")
+                raise bad_request(f"max_tokens={requested} exceeds the {left} tokens this episode has left",
+                                  "max_tokens", "max_tokens_exceeded")
             budget = min(self.cfg.max_new_tokens_per_turn, left, requested or self.cfg.max_new_tokens_per_turn)
             params = SamplingParams(max_new_tokens=budget, temperature=self.cfg.temperature, top_p=self.cfg.top_p,
                                     top_k=self.cfg.top_k, stop_token_ids=tuple(self.renderer.stop_token_ids))
