@@ -319,12 +319,12 @@ async def _run(args: argparse.Namespace) -> tuple[EvalReport, list[EpisodeResult
                 temperature=args.temperature,
                 top_p=args.top_p,
             )
-            played = dict(kwargs)
-            if not args.remote:  # the model's tool-call format, as training fills it
-                played |= tool_parser_argument(args.env, renderer.tool_parser_name, kwargs)
-                if "tool_parser" in played and "tool_parser" not in kwargs:
-                    print(f"agentenv eval: tool_parser={played['tool_parser']!r}, from the model's chat template",
-                          file=sys.stderr)
+            # the model's tool-call format, as training fills it (a remote env's arguments are the server's)
+            filled = {} if args.remote else tool_parser_argument(args.env, renderer.tool_parser_name, kwargs)
+            if filled:
+                print(f"agentenv eval: tool_parser={filled['tool_parser']!r}, from the model's chat template",
+                      file=sys.stderr)
+            played = {**kwargs, **filled}
             try:
                 new = await run_jobs(todo, model_agent(engine, renderer, cfg),
                                      lambda: make(args.env, remote=args.remote, **played),
