@@ -291,13 +291,21 @@ def progress_bar(total: int | None, initial: int) -> tqdm:
 
 
 def consumed_record(traj: Trajectory, version: int) -> dict[str, Any]:
-    """One line of ``staleness.jsonl``: a trajectory's staleness when the learner at ``version`` used it."""
+    """One line of ``staleness.jsonl``: a trajectory's staleness when the learner at ``version`` used it.
+
+    With its lengths (``policy_tokens``, ``tokens``: the whole sequence), the versions at its start and
+    completion and its start and completion ``time.time()`` (seconds), from which ``agentenv simulate
+    --from-run`` measures episode durations.
+    """
     return {
         "id": traj.id, "task_id": traj.task_id, "version": version, "reward": traj.reward,
         "gs": traj.generation_staleness(), "ws": traj.waiting_staleness(version),
         "segments": len(traj.segments), "policy_tokens": traj.num_policy_tokens,
         "turns": traj.info.get("turns"), "tool_calls": traj.info.get("tool_calls"),
         "truncation": traj.info.get("truncation"),
+        "tokens": len(traj.token_ids), "start_version": traj.start_version,
+        "completion_version": traj.completion_version, "start_time": traj.start_time,
+        "completion_time": traj.completion_time,
     }
 
 

@@ -8,7 +8,16 @@ import numpy as np
 import pytest
 
 from agentenv.errors import ConfigError
-from agentenv.trainer.experiments.simulator import SIM_POLICIES, SimConfig, _Sim, compare, format_table, main, simulate
+from agentenv.trainer.experiments.simulator import (
+    SIM_POLICIES,
+    EpisodeSample,
+    SimConfig,
+    _Sim,
+    compare,
+    format_table,
+    main,
+    simulate,
+)
 
 # Generation outpaces training here (the asynchronous case where staleness control matters).
 BASE = SimConfig(num_trajectories=3000, batch_size=32, concurrency=256, train_step_s=5.0, seed=3)
@@ -65,7 +74,7 @@ def test_conservation_and_trajectory_invariants(runs):
         assert r.completed == r.consumed + r.rejected + len(sim.pool), p
         assert r.consumed % BASE.batch_size == 0  # whole batches; the last may still be training
         assert r.consumed // BASE.batch_size - r.updates in (0, 1)
-        assert 0 <= r.generator_busy <= 1 and 0 <= r.trainer_busy <= 1 and 0 <= r.engine_utilization <= 1
+        assert 0 <= r.generator_busy <= 1 and 0 <= r.trainer_busy <= 1 and r.tokens_per_s > 0
     kept_prefix = 0
     for t in runs["none"][0].pool.trajectories:
         assert sum(t.loss_mask) == t.num_policy_tokens
@@ -146,7 +155,7 @@ def test_hand_computed_interrupts_keep_prefix_version():
     # GS = (40*2 + 40*1 + 20*0)/100 = 1.2. The run stops at the 4th completion, after the 3rd is taken.
     cfg = SimConfig(
         policy="none", batch_size=1, concurrency=2, num_trajectories=4, tokens_mean=100, tokens_sigma=0.0,
-        turns_mean=1.0, slot_tokens_per_s=10.0, engine_tokens_per_s=1e6, train_step_s=4.0,
+        turns_mean=1.0, decode_base_s=0.1, decode_per_seq_s=0.0, train_step_s=4.0,
         weight_sync_s=0.0, prompt_tokens=1, obs_tokens=0,
     )
     sim = _Sim(cfg, keep_decisions=False)
@@ -159,3 +168,83 @@ def test_hand_computed_interrupts_keep_prefix_version():
         (40, 0, 0), (40, 1, 0), (20, 2, 0)]
     assert last.completion_version == 2 and last.start_version == 0
     assert r.trainer_busy == pytest.approx(8 / 20)
+
+
+def test_hand_computed_affine_decode_step():
+    # Two sequences of 100 tokens in one turn decode together; a step of n = 2 takes 0.1 + 0.05 * 2 =
+    # 0.2 s, so both finish at 20 s; alone (concurrency 1) a step takes 0.15 s: 15 s.
+    base = dict(policy="none", batch_size=1, num_trajectories=2, tokens_mean=100, tokens_sigma=0.0,
+                turns_mean=1.0, decode_base_s=0.1, decode_per_seq_s=0.05, train_step_s=1.0, weight_sync_s=0.0)
+    both = simulate(SimConfig(concurrency=2, **base))
+    np.testing.assert_allclose(both.episode_s, [20.0, 20.0])
+    alone = simulate(SimConfig(concurrency=1, **base))
+    np.testing.assert_allclose(alone.episode_s, [15.0, 15.0])
+    assert both.tokens_per_s == pytest.approx(200 / 20)
+
+
+def test_hand_computed_shared_compute():
+    # One slot, B = 1, 100 tokens at 10 tok/s alone, a 4 s step alone; both slow down 2x when both run.
+    # t 0-10: episode 1 alone. t 10-18: the step (8 s at half speed) beside episode 2 (40 tokens at 5
+    # tok/s); t 18-24: episode 2's other 60 tokens alone; t 24-32: the second step beside episode 3
+    # (40 tokens), which finishes alone at 38 and is taken at once. Episodes 2 and 3: 40 tokens one
+    # version before their completion, 60 at it: GS = 0.4.
+    cfg = SimConfig(policy="none", batch_size=1, concurrency=1, num_trajectories=3, tokens_mean=100,
+                    tokens_sigma=0.0, turns_mean=1.0, decode_base_s=0.1, decode_per_seq_s=0.0, train_step_s=4.0,
+                    weight_sync_s=0.0, train_slows_decode=2.0, decode_slows_train=2.0)
+    r = simulate(cfg)
+    assert r.sim_time_s == pytest.approx(38.0) and r.updates == 2
+    np.testing.assert_allclose(r.episode_s, [10.0, 14.0, 14.0])
+    np.testing.assert_allclose(r.gs, [0.0, 0.4, 0.4])
+    assert r.trainer_busy == pytest.approx(16 / 38)
+
+
+def test_hand_computed_back_pressure():
+    # Two slots, B = 1, at most one trajectory waiting; 100 tokens at 10 tok/s, a 30 s step.
+    # t 10: episodes 1, 2 complete; 1 is taken at once (its slot restarts as episode 3), 2 waits, its
+    # slot idles. t 20: episode 3 completes; the pool holds 2 already: that slot idles too. Steps end at
+    # 40 (2 taken: WS 1) and 70 (3 taken: WS 2; both slots restart); episode 4 completes at 80.
+    cfg = SimConfig(policy="none", batch_size=1, concurrency=2, num_trajectories=4, tokens_mean=100,
+                    tokens_sigma=0.0, turns_mean=1.0, decode_base_s=0.1, decode_per_seq_s=0.0,
+                    train_step_s=30.0, weight_sync_s=0.0, max_pool_size=1)
+    r = simulate(cfg)
+    np.testing.assert_allclose(r.ws, [0.0, 1.0, 2.0])
+    assert r.sim_time_s == pytest.approx(80.0) and r.updates == 2
+    unbounded = simulate(replace(cfg, max_pool_size=None))
+    assert unbounded.sim_time_s == pytest.approx(20.0)  # the slots never idle: 4 episodes by t = 20
+
+
+def test_batches_without_gradient_take_no_step():
+    cfg = replace(BASE, policy="none", num_trajectories=3200, no_step_share=0.25, seed=5)
+    r = simulate(cfg)
+    assert r.batches == r.consumed // BASE.batch_size
+    assert 0.15 < (r.batches - r.updates) / r.batches < 0.35  # about a quarter, for ~100 batches
+    stepped = simulate(replace(cfg, no_step_share=0.0))
+    assert stepped.batches - stepped.updates in (0, 1)
+
+
+def test_max_batches_stops_after_the_last_step():
+    r = simulate(replace(BASE, policy="pace", num_trajectories=10**9, max_batches=7, weight_sync_s=0.5))
+    assert r.batches == 7 and r.updates == 7 and r.consumed == 7 * BASE.batch_size
+
+
+def test_episode_sample_is_drawn_as_measured():
+    sample = EpisodeSample(np.array([10, 30]), np.array([1, 3]))
+    cfg = replace(BASE, policy="none", concurrency=8, num_trajectories=100, tool_latency_mean_s=0.0, train_step_s=1e6)
+    sim = _Sim(cfg, keep_decisions=False, episodes=sample)
+    sim.run()
+    def turns(t):  # a turn after a tool call starts after the observation's tokens: a gap in the segments
+        return 1 + sum(s.start != prev.end for prev, s in zip(t.segments, t.segments[1:], strict=False))
+
+    pairs = {(t.num_policy_tokens, turns(t)) for t in sim.pool.trajectories}
+    assert pairs == {(10, 1), (30, 3)}
+    with pytest.raises(ConfigError):
+        EpisodeSample(np.array([10, 0]), np.array([1, 1]))
+    with pytest.raises(ConfigError):
+        EpisodeSample(np.array([10]), np.array([1, 1]))
+
+
+def test_new_settings_are_validated():
+    for bad in (dict(max_pool_size=4, batch_size=8), dict(no_step_share=1.0), dict(train_slows_decode=0.5),
+                dict(decode_base_s=0.0, decode_per_seq_s=0.0), dict(decode_per_seq_s=-1.0), dict(max_batches=0)):
+        with pytest.raises(ConfigError):
+            SimConfig(**bad)

@@ -3,18 +3,26 @@
 What is modelled (all times in seconds, lengths in tokens, versions in optimizer steps):
 
 * ``concurrency`` episodes are in flight (asynchronous policies; a finished slot starts a new episode
-  at once). An episode has ``1 + Poisson(turns_mean - 1)`` turns; its policy tokens are lognormal
+  at once, unless ``max_pool_size`` trajectories wait in the pool: then it starts after the next
+  selection). An episode has ``1 + Poisson(turns_mean - 1)`` turns; its policy tokens are lognormal
   (mean ``tokens_mean``) split evenly over the turns; between turns a tool call takes a lognormal
-  latency (mean ``tool_latency_mean_s``) and returns ``obs_tokens`` environment tokens.
-* One engine decodes every generating sequence at ``min(slot_tokens_per_s, engine_tokens_per_s / n)``
-  tokens/s each (batched decoding shared equally by the ``n`` sequences decoding now; processor
-  sharing, simulated exactly with a virtual clock).
+  latency (mean ``tool_latency_mean_s``) and returns ``obs_tokens`` environment tokens. An
+  :class:`EpisodeSample` (lengths measured in a real run) replaces the lognormal and Poisson draws.
+* One engine decodes every generating sequence together, one token each per decode step, and a step
+  with ``n`` sequences takes ``decode_base_s + decode_per_seq_s * n`` seconds (batched decoding: a
+  fixed cost to read the weights, a cost per sequence for its KV cache; simulated exactly with a
+  virtual clock).
 * The learner takes a batch of ``batch_size`` from a real :class:`~agentenv.pool.TrajectoryPool`,
   trains for ``train_step_s``, then the version increments and the weights go to the engine:
   generation pauses ``weight_sync_s`` and every in-flight sequence is interrupted at a token boundary
   and continues under the new version with its KV cache kept (KEEP mode: the new segment's
   ``prefix_version`` stays the old one). A turn that starts after a tool call recomputes its prefix
-  (``prefix_version == version``), as the engine resets its prefix cache on a version change.
+  (``prefix_version == version``), as the engine resets its prefix cache on a version change. A
+  share ``no_step_share`` of the batches carry no gradient (every reward equal): they take no learner
+  time and no version, as in the trainer.
+* Shared compute (a CPU running both): while the learner trains, decode steps take
+  ``train_slows_decode`` times longer; while the engine decodes, the learner's step progresses
+  ``decode_slows_train`` times slower. Both are 1 for an engine and a learner on their own devices.
 * ``sync``: no overlap. ``batch_size`` episodes (at most ``concurrency`` at once) are generated under
   one version, then the learner trains while the engine idles; GS = WS = 0 by construction.
 * Rejected trajectories' tasks are requeued (taken before new tasks).
@@ -63,6 +71,9 @@ class SimConfig:
     """Episodes in flight at once."""
     num_trajectories: int = 10_000
     """Stop once this many episodes have completed."""
+    max_batches: int | None = None
+    """Stop once this many batches are consumed and the last one's step (and weight sync) is done, if
+    that comes before ``num_trajectories`` (None: stop at ``num_trajectories`` only)."""
     seed: int = 0
     """Seed of the simulation's random generator."""
     tokens_mean: float = 1024.0
@@ -81,14 +92,24 @@ class SimConfig:
     """Environment tokens of the first prompt."""
     obs_tokens: int = 64
     """Environment tokens per tool observation."""
-    engine_tokens_per_s: float = 12_000.0
-    """Engine-wide decoding throughput, tokens/s, shared by the sequences decoding now."""
-    slot_tokens_per_s: float = 80.0
-    """Fastest decoding of one sequence, tokens/s."""
+    decode_base_s: float = 0.0125
+    """Seconds of one decode step, the part that does not grow with the sequences decoded (reading the
+    weights): one sequence alone decodes at most ``1 / decode_base_s`` tokens/s."""
+    decode_per_seq_s: float = 8e-5
+    """Seconds a decode step grows per sequence decoded in it: the engine's throughput approaches
+    ``1 / decode_per_seq_s`` tokens/s as sequences are added."""
     train_step_s: float = 6.0
-    """Learner time per optimizer step, seconds."""
+    """Learner time per optimizer step with the engine idle, seconds."""
     weight_sync_s: float = 0.5
     """Generation pause per weight update, seconds."""
+    max_pool_size: int | None = None
+    """Back-pressure: no episode starts while this many trajectories wait in the pool (None: no limit)."""
+    no_step_share: float = 0.0
+    """Share of batches without gradient (every reward equal): no learner time, no new version."""
+    train_slows_decode: float = 1.0
+    """Decode steps take this many times longer while the learner trains (shared compute; >= 1)."""
+    decode_slows_train: float = 1.0
+    """The learner's step progresses this many times slower while the engine decodes (shared compute; >= 1)."""
     max_lag: float = 4.0
     """``max_lag`` policy cap (versions) on the lag of a trajectory's oldest token ."""
     gamma: float = 4.0
@@ -110,15 +131,28 @@ class SimConfig:
         """
         if self.policy not in SIM_POLICIES + ("all",):
             raise ConfigError(f"policy must be one of {SIM_POLICIES + ('all',)}, got {self.policy!r}")
-        for name in ("batch_size", "concurrency", "num_trajectories", "tokens_max", "prompt_tokens"):
+        ints = ("batch_size", "concurrency", "num_trajectories", "tokens_max", "prompt_tokens")
+        optional = tuple(n for n in ("max_pool_size", "max_batches") if getattr(self, n) is not None)
+        for name in ints + optional:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ConfigError(f"{name} must be an int >= 1, got {v!r}")
         if self.obs_tokens < 0:
             raise ConfigError(f"obs_tokens must be >= 0, got {self.obs_tokens}")
-        for name in ("tokens_mean", "turns_mean", "engine_tokens_per_s", "slot_tokens_per_s", "train_step_s"):
+        for name in ("tokens_mean", "turns_mean", "train_step_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
+        a, b = self.decode_base_s, self.decode_per_seq_s
+        if not (a >= 0 and b >= 0 and a + b > 0):
+            raise ConfigError("decode_base_s and decode_per_seq_s must be >= 0 and not both 0, got "
+                              f"{self.decode_base_s} and {self.decode_per_seq_s}")
+        if self.max_pool_size is not None and self.max_pool_size < self.batch_size:
+            raise ConfigError(f"max_pool_size ({self.max_pool_size}) must be >= batch_size ({self.batch_size})")
+        if not 0.0 <= self.no_step_share < 1.0:
+            raise ConfigError(f"no_step_share must be in [0, 1), got {self.no_step_share}")
+        for name in ("train_slows_decode", "decode_slows_train"):
+            if not getattr(self, name) >= 1.0:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.tokens_mean < 1:
             raise ConfigError(f"tokens_mean must be >= 1 token, got {self.tokens_mean}")
         if self.turns_mean < 1:
@@ -137,6 +171,36 @@ class SimConfig:
             target_occupancy=self.target_occupancy,
             drift_mode="token_share" if self.policy == "pace_share" else "scoring",
         )
+
+
+@dataclass(frozen=True)
+class EpisodeSample:
+    """Episode lengths measured in a real run, drawn from (with replacement) instead of the lognormal.
+
+    Attributes:
+        policy_tokens: ``[n]`` policy tokens per episode (int >= 1).
+        turns: ``[n]`` turns per episode (int >= 1); an episode's tokens are split evenly over them.
+
+    Raises:
+        ConfigError: Empty, of different lengths, or a value below 1.
+    """
+
+    policy_tokens: np.ndarray
+    turns: np.ndarray
+
+    def __post_init__(self) -> None:
+        tokens, turns = np.asarray(self.policy_tokens), np.asarray(self.turns)
+        if tokens.ndim != 1 or tokens.shape != turns.shape or tokens.size == 0:
+            raise ConfigError("an episode sample needs two non-empty 1-d arrays of one length, "
+                              f"got {tokens.shape} and {turns.shape}")
+        if tokens.min() < 1 or turns.min() < 1:
+            raise ConfigError("an episode sample's policy tokens and turns must be >= 1")
+
+    def draw(self, rng: np.random.Generator) -> tuple[int, int]:
+        """One episode's ``(policy tokens, turns)``, turns capped at the tokens (one token per turn at least)."""
+        i = int(rng.integers(len(self.policy_tokens)))
+        total = int(self.policy_tokens[i])
+        return total, min(total, int(self.turns[i]))
 
 
 @dataclass
@@ -161,10 +225,14 @@ class SimResult:
     occupancy_time_mean: float
     generator_busy: float
     """Share of time the engine was decoding at least one sequence."""
-    engine_utilization: float
-    """Time-average of decoded tokens/s over ``engine_tokens_per_s``."""
+    tokens_per_s: float
+    """Decoded tokens per second, averaged over the whole run."""
     trainer_busy: float
     tokens_generated: int
+    episode_s: np.ndarray
+    """Seconds from start to completion of every completed episode."""
+    batches: int = 0
+    """Batches consumed, with and without a step (``updates`` counts the steps)."""
     decisions: list[dict[str, Any]] = field(default_factory=list)
 
     @property
@@ -182,6 +250,11 @@ class SimResult:
     def updates_per_hour(self) -> float:
         """Optimizer steps per simulated hour."""
         return self.updates / self.sim_time_s * 3600.0 if self.sim_time_s > 0 else 0.0
+
+    @property
+    def batches_per_hour(self) -> float:
+        """Batches consumed per simulated hour (with or without a step)."""
+        return self.batches / self.sim_time_s * 3600.0 if self.sim_time_s > 0 else 0.0
 
     def histograms(self, bin_width: float = 0.5) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         """``{"gs"|"ws"|"s": (counts, edges)}``: staleness histograms with ``bin_width``-version bins from 0.
@@ -206,6 +279,7 @@ class SimResult:
         s, occ = self.s, self.occupancy_at_select
         return {
             "updates_per_hour": self.updates_per_hour, "updates": self.updates,
+            "batches_per_hour": self.batches_per_hour,
             "gs_mean": float(self.gs.mean()) if self.gs.size else 0.0, "gs_p90": pct(self.gs, 90),
             "ws_mean": float(self.ws.mean()) if self.ws.size else 0.0, "ws_p90": pct(self.ws, 90),
             "s_mean": float(s.mean()) if s.size else 0.0, "s_p50": pct(s, 50), "s_p90": pct(s, 90),
@@ -213,8 +287,9 @@ class SimResult:
             "rejection_rate": self.rejection_rate,
             "occupancy_mean": float(occ.mean()) if occ.size else 0.0, "occupancy_p90": pct(occ, 90),
             "occupancy_time_mean": self.occupancy_time_mean,
-            "generator_busy": self.generator_busy, "engine_utilization": self.engine_utilization,
+            "generator_busy": self.generator_busy, "tokens_per_s": self.tokens_per_s,
             "trainer_busy": self.trainer_busy,
+            "episode_s_mean": float(self.episode_s.mean()) if self.episode_s.size else 0.0,
         }
 
 
@@ -236,8 +311,9 @@ class _Episode:
 class _Sim:
     """One run's mutable state; :func:`simulate` is the public entry."""
 
-    def __init__(self, cfg: SimConfig, keep_decisions: bool) -> None:
+    def __init__(self, cfg: SimConfig, keep_decisions: bool, episodes: EpisodeSample | None = None) -> None:
         self.cfg = cfg
+        self.sample = episodes
         self.rng = np.random.default_rng(cfg.seed)
         self.pool = TrajectoryPool(cfg.staleness_config())
         self.sync = cfg.policy == "sync"
@@ -254,6 +330,10 @@ class _Sim:
         self.next_task = 0
         self.completed = 0
         self.training = False
+        self.train_left = 0.0  # seconds of the current step still to run, at the learner's own speed
+        self.idle: list[int] = []  # slots held back by max_pool_size
+        self.batches = 0
+        self.durations: list[float] = []
         self.sync_started = 0  # sync: episodes started for the current batch
         self.gs: list[np.ndarray] = []
         self.ws: list[np.ndarray] = []
@@ -271,10 +351,17 @@ class _Sim:
         heapq.heappush(self.events, (t, self.seq, kind, slot))
 
     def rate(self) -> float:
+        """Tokens/s of each decoding sequence now (0 when none decodes or the engine is paused)."""
         n = len(self.gen)
         if n == 0 or self.paused:
             return 0.0
-        return min(self.cfg.slot_tokens_per_s, self.cfg.engine_tokens_per_s / n)
+        cfg = self.cfg
+        step = (cfg.decode_base_s + cfg.decode_per_seq_s * n) * (cfg.train_slows_decode if self.training else 1.0)
+        return 1.0 / step
+
+    def train_speed(self, decoding: bool) -> float:
+        """The learner's progress per second (1 alone; slower beside a decoding engine)."""
+        return 1.0 / self.cfg.decode_slows_train if decoding else 1.0
 
     def start_episode(self, slot: int) -> None:
         cfg, rng = self.cfg, self.rng
@@ -282,10 +369,13 @@ class _Sim:
             task = self.requeue.popleft()
         else:
             task, self.next_task = f"task-{self.next_task}", self.next_task + 1
-        mu = math.log(cfg.tokens_mean) - cfg.tokens_sigma**2 / 2
-        drawn = rng.lognormal(mu, cfg.tokens_sigma) if cfg.tokens_sigma else cfg.tokens_mean
-        total = int(min(cfg.tokens_max, max(1.0, drawn)))
-        n_turns = min(total, 1 + int(rng.poisson(cfg.turns_mean - 1)))
+        if self.sample is not None:
+            total, n_turns = self.sample.draw(rng)
+        else:
+            mu = math.log(cfg.tokens_mean) - cfg.tokens_sigma**2 / 2
+            drawn = rng.lognormal(mu, cfg.tokens_sigma) if cfg.tokens_sigma else cfg.tokens_mean
+            total = int(min(cfg.tokens_max, max(1.0, drawn)))
+            n_turns = min(total, 1 + int(rng.poisson(cfg.turns_mean - 1)))
         base, extra = divmod(total, n_turns)
         turns = [base + (1 if i < extra else 0) for i in range(n_turns)]
         sens = float(rng.lognormal(0.0, cfg.drift_noise_sigma)) if cfg.drift_noise_sigma else 1.0
@@ -350,10 +440,13 @@ class _Sim:
         )
         self.pool.add(traj)
         self.completed += 1
+        self.durations.append(self.now - ep.start_time)
         if self.sync:
             if self.sync_started < cfg.batch_size:
                 self.sync_started += 1
                 self.start_episode(slot)
+        elif cfg.max_pool_size is not None and len(self.pool) >= cfg.max_pool_size:
+            self.idle.append(slot)
         else:
             self.start_episode(slot)
 
@@ -369,24 +462,38 @@ class _Sim:
         return out
 
     def try_train(self) -> None:
+        """Select the next batch when the learner is free and B trajectories wait; start its step."""
         cfg = self.cfg
-        if self.training or len(self.pool) < cfg.batch_size:
-            return
-        self.occ.append(len(self.pool))
-        self.occ_series.append((self.now, len(self.pool)))
-        sel = self.pool.select_batch(cfg.batch_size, self.version, self.scorer)
-        d = sel.decision
-        if self.keep_decisions:
-            self.decisions.append(d.to_dict())
-        self.rejected += len(sel.rejected)
-        self.requeue.extend(sel.requeue_task_ids)
-        if not sel.batch:
-            return
-        self.consumed += len(sel.batch)
-        self.gs.append(d.sel["gs"])
-        self.ws.append(d.sel["ws"])
-        self.training = True
-        self.push(self.now + cfg.train_step_s, "train_done")
+        while not self.training and len(self.pool) >= cfg.batch_size:
+            if cfg.max_batches is not None and self.batches >= cfg.max_batches:
+                return
+            self.occ.append(len(self.pool))
+            self.occ_series.append((self.now, len(self.pool)))
+            sel = self.pool.select_batch(cfg.batch_size, self.version, self.scorer)
+            d = sel.decision
+            if self.keep_decisions:
+                self.decisions.append(d.to_dict())
+            self.rejected += len(sel.rejected)
+            self.requeue.extend(sel.requeue_task_ids)
+            self.restart_idle()
+            if not sel.batch:
+                return
+            self.consumed += len(sel.batch)
+            self.batches += 1
+            self.gs.append(d.sel["gs"])
+            self.ws.append(d.sel["ws"])
+            if cfg.no_step_share and self.rng.random() < cfg.no_step_share:
+                self.after_batch()  # no gradient: no step, no version; the next batch at once
+                continue
+            self.training = True
+            self.train_left = cfg.train_step_s
+
+    def restart_idle(self) -> None:
+        """Slots held back by back-pressure start again once the pool is below ``max_pool_size``."""
+        if self.idle and (self.cfg.max_pool_size is None or len(self.pool) < self.cfg.max_pool_size):
+            idle, self.idle = self.idle, []
+            for slot in idle:
+                self.start_episode(slot)
 
     # -- main loop --------------------------------------------------------------------------------
     def run(self) -> SimResult:
@@ -395,11 +502,13 @@ class _Sim:
         for slot in range(first):
             self.start_episode(slot)
         self.sync_started = first
-        while self.completed < cfg.num_trajectories:
+        while self.completed < cfg.num_trajectories and not self.batches_done():
             r = self.rate()
+            speed = self.train_speed(r > 0)
             t_gen = self.now + (self.gen[0][0] - self.vclock) / r if r > 0 else math.inf
+            t_step = self.now + self.train_left / speed if self.training else math.inf
             t_evt = self.events[0][0] if self.events else math.inf
-            t = min(t_gen, t_evt)
+            t = min(t_gen, t_step, t_evt)
             if t == math.inf:
                 raise RuntimeError("simulator stalled: nothing in flight and nothing scheduled")
             dt = t - self.now
@@ -409,17 +518,15 @@ class _Sim:
                 self.tok_area += r * len(self.gen) * dt
             if self.training:
                 self.t_train += dt
+                self.train_left = max(0.0, self.train_left - speed * dt)
             self.occ_area += len(self.pool) * dt
             self.now = t
-            if t_gen <= t_evt:
+            if t_gen <= min(t_step, t_evt):
                 _, _, slot = heapq.heappop(self.gen)
                 self.finish_turn(slot)
                 self.try_train()
                 continue
-            _, _, kind, slot = heapq.heappop(self.events)
-            if kind == "tool":
-                self.start_turn(slot)
-            elif kind == "train_done":
+            if t_step <= t_evt:
                 self.training = False
                 self.version += 1
                 self.split_inflight()
@@ -427,10 +534,14 @@ class _Sim:
                     self.paused = True
                     self.push(self.now + cfg.weight_sync_s, "sync_done")
                 else:
-                    self.after_update()
+                    self.after_batch()
+                continue
+            _, _, kind, slot = heapq.heappop(self.events)
+            if kind == "tool":
+                self.start_turn(slot)
             elif kind == "sync_done":
                 self.paused = False
-                self.after_update()
+                self.after_batch()
         T = max(self.now, 1e-12)
         return SimResult(
             policy=cfg.policy, sim_time_s=self.now, updates=self.version, completed=self.completed,
@@ -439,26 +550,35 @@ class _Sim:
             ws=np.concatenate(self.ws) if self.ws else np.zeros(0),
             occupancy_at_select=np.asarray(self.occ, dtype=np.float64), occupancy_series=self.occ_series,
             occupancy_time_mean=self.occ_area / T, generator_busy=self.t_gen_busy / T,
-            engine_utilization=self.tok_area / T / cfg.engine_tokens_per_s, trainer_busy=self.t_train / T,
-            tokens_generated=self.tokens, decisions=self.decisions,
+            tokens_per_s=self.tok_area / T, trainer_busy=self.t_train / T,
+            tokens_generated=self.tokens, episode_s=np.asarray(self.durations), batches=self.batches,
+            decisions=self.decisions,
         )
 
-    def after_update(self) -> None:
+    def batches_done(self) -> bool:
+        """``max_batches`` consumed and the learner done with the last (its weights in the engine)."""
+        m = self.cfg.max_batches
+        return m is not None and self.batches >= m and not self.training and not self.paused
+
+    def after_batch(self) -> None:
+        """The learner is done with a batch (stepped or not): sync starts the next one; selection resumes."""
         if self.sync:  # next synchronous batch: generate B fresh episodes under the new version
             start = min(self.cfg.concurrency, self.cfg.batch_size)
             free = [s for s in range(self.cfg.concurrency) if s not in self.episodes][:start]
             for slot in free:
                 self.start_episode(slot)
             self.sync_started = len(free)
+            return
         self.try_train()
 
 
-def simulate(cfg: SimConfig, keep_decisions: bool = False) -> SimResult:
+def simulate(cfg: SimConfig, keep_decisions: bool = False, episodes: EpisodeSample | None = None) -> SimResult:
     """Run one simulated pipeline until ``cfg.num_trajectories`` episodes have completed.
 
     Args:
         cfg: Settings; ``cfg.policy`` must not be ``"all"`` (use :func:`compare`).
         keep_decisions: Keep every pool decision record (memory grows with the run).
+        episodes: Measured episode lengths to draw from instead of ``tokens_*`` and ``turns_mean``.
 
     Returns:
         The measured :class:`SimResult`.
@@ -468,7 +588,7 @@ def simulate(cfg: SimConfig, keep_decisions: bool = False) -> SimResult:
     """
     if cfg.policy == "all":
         raise ConfigError("simulate() runs one policy; use compare() for 'all'")
-    return _Sim(cfg, keep_decisions).run()
+    return _Sim(cfg, keep_decisions, episodes).run()
 
 
 def compare(cfg: SimConfig, policies: tuple[str, ...] = SIM_POLICIES) -> list[SimResult]:
@@ -480,7 +600,7 @@ def format_table(results: list[SimResult]) -> str:
     """A fixed-width comparison table of :meth:`SimResult.summary` figures, one row per policy."""
     cols = [("policy", None), ("upd/h", "updates_per_hour"), ("GS", "gs_mean"), ("WS", "ws_mean"),
             ("S mean", "s_mean"), ("S p90", "s_p90"), ("S max", "s_max"), ("reject%", "rejection_rate"),
-            ("pool", "occupancy_mean"), ("gen busy", "generator_busy"), ("eng util", "engine_utilization"),
+            ("pool", "occupancy_mean"), ("gen busy", "generator_busy"), ("tok/s", "tokens_per_s"),
             ("train busy", "trainer_busy")]
     lines = ["  ".join(f"{h:>10}" for h, _ in cols)]
     for r in results:
@@ -501,13 +621,19 @@ def main(argv: list[str] | None = None) -> int:
     """``agentenv simulate``: run the simulator and print its figures (a table for ``--policy all``).
 
     Args:
-        argv: Command-line arguments (``sys.argv[1:]`` when None); one flag per :class:`SimConfig` field.
+        argv: Command-line arguments (``sys.argv[1:]`` when None); one flag per :class:`SimConfig` field,
+            or ``--from-run RUN...`` (:mod:`agentenv.trainer.experiments.sim_calibration`).
 
     Returns:
         0 on success (and for ``--help``), 2 on a bad flag or configuration value (message on stderr).
     """
     import tyro
 
+    argv = sys.argv[1:] if argv is None else argv
+    if "--from-run" in argv:  # replay real runs, calibrated on two of them
+        from agentenv.trainer.experiments.sim_calibration import main as from_run_main
+
+        return from_run_main(argv)
     try:
         cfg = tyro.cli(SimConfig, args=argv, prog="agentenv simulate",
                        description="Simulate the asynchronous RL pipeline.")
