@@ -41,3 +41,13 @@ def test_grading_timeouts_count_the_answers_graded_wrong_for_a_timeout():
     batch[3].info.update(grading_timeout=True, grade_reason="timeout after 5 s")
     batch[1].info.update(grading_timeout=False, grade_reason="wrong")
     assert _row(batch)["grading/timeouts"] == 2
+
+
+def test_the_consumed_record_carries_what_the_simulator_replays():
+    (traj,) = make_trajectories(1)
+    traj.start_version, traj.completion_version, traj.start_time, traj.completion_time = 2, 4, 100.0, 112.5
+    rec = setup.consumed_record(traj, 5)
+    assert (rec["start_version"], rec["completion_version"], rec["version"]) == (2, 4, 5)
+    assert rec["completion_time"] - rec["start_time"] == 12.5
+    assert rec["tokens"] == len(traj.token_ids) and rec["policy_tokens"] == sum(traj.loss_mask)
+    assert rec["ws"] == 1  # consumed at 5, completed at 4
