@@ -98,6 +98,32 @@ Agent = Callable[[Env, EpisodeJob], Awaitable[EpisodeResult]]
 Policy = Callable[[str, Mapping[str, Any]], Awaitable[str]]
 
 
+@dataclass(frozen=True)
+class EvalConfig:
+    """The held-out evaluation run before the first update and after the last one (``TrainConfig.eval``).
+
+    The held-out tasks are the first ``problems`` of the held-out environment's
+    :meth:`~agentenv.core.Env.tasks` (the env built with ``env.kwargs`` updated by
+    ``env.eval_kwargs``); choose ``eval_kwargs`` so that they never appear in training.
+    """
+
+    problems: int = 0
+    """Held-out tasks to evaluate on; 0 turns the evaluation off (needed for an env whose ``tasks()``
+    is None)."""
+    temperature: float = 0.0
+    """Sampling temperature of the evaluation; 0 decodes greedily (one deterministic answer each)."""
+    samples_per_problem: int = 1
+    """Episodes per problem (success is averaged over them); use > 1 only with temperature > 0."""
+    concurrency: int = 8
+    """Episodes in flight during the evaluation."""
+
+    def __post_init__(self) -> None:
+        if self.problems < 0 or self.samples_per_problem < 1 or self.concurrency < 1:
+            raise ConfigError("eval.problems must be >= 0; eval.samples_per_problem, eval.concurrency >= 1")
+        if not 0 <= self.temperature < float("inf"):
+            raise ConfigError(f"eval.temperature must be a finite number >= 0, got {self.temperature}")
+
+
 def make_jobs(
     games: Sequence[tuple[str, str]], *, samples_per_game: int = 1, limit: int | None = None, seed: int = 0,
     transcripts: int = 0,

