@@ -5,26 +5,27 @@ For any environment ``agentenv envs`` lists it loads the model and engine and pl
 stated protocol (:func:`protocol`; by default the trainer's held-out one: greedy, one sample, the
 env's own turn limit). Each episode is logged as it ends (:class:`EpisodeLog`; ``--resume`` plays
 the rest after a stop), then the table is printed and the report written as JSON and text
-(:mod:`agentenv.evaluation` plays and aggregates).
+(:mod:`agentenv.evaluation` plays and aggregates). The options are :class:`EvalArgs`, read by tyro.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agentenv.configio import key_values
-from agentenv.engines.build import ENGINES
+from agentenv.engines.build import EngineKind, ModelConfig
 from agentenv.errors import AgentEnvError, ConfigError
 from agentenv.evaluation import (
+    EpisodeJob,
     EpisodeResult,
+    EvalConfig,
     EvalReport,
     aggregate,
     format_table,
@@ -35,76 +36,131 @@ from agentenv.evaluation import (
     write_report,
 )
 from agentenv.output_folders import EVALUATION, claim_folder, folder_name
+from agentenv.rollout import RolloutConfig
 
 if TYPE_CHECKING:
     from agentenv.chat import ChatRenderer
     from agentenv.engines.base import GenerationEngine
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="agentenv eval",
-        description="Evaluate a model on an environment: its fixed tasks (default: ALFWorld seen games), or a "
-                    "range of seeds for an env without a task list. By default the trainer's held-out protocol: "
-                    "greedy, one sample per task, the env's own turn limit.",
-    )
-    p.add_argument("--env", default="alfworld", help="environment id (`agentenv envs`)")
-    p.add_argument("--remote", action="append", default=None, metavar="URL",
-                   help="play the env on this `agentenv serve` server (repeat for more: episodes go round-robin); "
-                        "the env need not be installed here, and its constructor arguments are the server's")
-    p.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE",
-                   help="a constructor argument of the environment (VALUE read as YAML); repeat for more")
-    p.add_argument("--chat-template-kwarg", action="append", default=[], metavar="KEY=VALUE",
-                   help="a variable of the model's chat template (VALUE read as YAML), e.g. enable_thinking=false "
-                        "for Qwen3's thinking-off mode; repeat for more")
-    p.add_argument("--split", default=None, help="shorthand for --env-arg split=SPLIT (ALFWorld: valid_seen, "
-                   "140 games, the default; valid_unseen, 134)")
-    p.add_argument("--model", default=None, help="model folder, e.g. one `agentenv export` wrote (default: the "
-                   "embedded SmolLM2-135M)")
-    p.add_argument("--engine", default="transformers", choices=ENGINES)
-    p.add_argument(
-        "--gpu-memory-utilization",
-        type=float,
-        default=None,
-        help="vLLM memory share (default 0.9 GPU, 0.2 CPU)",
-    )
-    p.add_argument("--samples-per-game", type=int, default=1, help="K episodes per task (default 1; the ALFWorld "
-                   "papers sample 3 at temperature 1.0)")
-    p.add_argument("--limit", type=int, default=None, help="play only the first N tasks")
-    p.add_argument("--seeds", default=None, metavar="A:B", help="seeds A..B-1, one episode each, for an env "
-                   f"without a task list (default {DEFAULT_SEEDS.start}:{DEFAULT_SEEDS.stop}: training plays "
-                   "seeds run.seed*1000003 upwards, so these are not among them)")
-    p.add_argument("--concurrency", type=int, default=4, help="episodes played at once")
-    p.add_argument("--max-steps", type=int, default=None, help="turns per episode, also passed as the env's own "
-                   "max_steps or max_turns argument when its constructor takes one (unless --env-arg sets it); "
-                   f"default: the env's own limit, and at most {DEFAULT_MAX_STEPS} turns")
-    p.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS,
-                   help="tokens per reply (default %(default)s)")
-    p.add_argument("--max-total-tokens", type=int, default=None, help="tokens per episode after the prompt "
-                   "(default: what the model's context holds)")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy, as the trainer's held-out "
-                   "evaluation; above 0: sampled")
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--data-root", default=None, help="shorthand for --env-arg data_root=PATH (ALFWorld: the "
-                   "alfworld data folder, default <data>/alfworld)")
-    p.add_argument("--transcripts", type=int, default=10, help="keep the transcript of the first N episodes in "
-                   "report.json (default %(default)s)")
-    p.add_argument("--out", default=None, help="folder for report.json, report.txt and episodes.jsonl (default: "
-                   "runs/eval/<env>[_<split>], e.g. runs/eval/alfworld_valid_unseen)")
-    p.add_argument("--overwrite", action="store_true", help="replace an earlier evaluation in --out (never a "
-                   "folder that is not one)")
-    p.add_argument("--resume", action="store_true", help="continue the evaluation in --out: play only the "
-                   "episodes it has not recorded (the same protocol)")
-    p.add_argument("--no-progress", action="store_true")
-    return p
-
-
 #: Seeds ``agentenv eval`` plays an env without a task list when ``--seeds`` is not given: disjoint from
 #: training's (a run with ``run.seed = s`` plays seeds from ``s * 1,000,003`` upwards).
 DEFAULT_SEEDS = range(2_000_000_000, 2_000_000_020)
-#: Tokens per reply when ``--max-new-tokens`` is not given.
-DEFAULT_MAX_NEW_TOKENS = 256
+#: Constructor arguments that bound an episode's length; ``--max-steps`` sets the first one an env takes.
+TURN_LIMIT_ARGS = ("max_steps", "max_turns")
+#: Turns an episode may take when ``--max-steps`` is not given (ALFWorld's 50 steps): an env's own,
+#: smaller limit ends it first.
+DEFAULT_MAX_STEPS = 50
+
+
+@dataclass(frozen=True)
+class EvalArgs:
+    """``agentenv eval``'s options: one flag per field, ``--samples-per-game`` for ``samples_per_game``.
+
+    A value the trainer's held-out evaluation also has takes its default from the training config's
+    class, so one default holds for both: the model and the engine from
+    :class:`~agentenv.engines.build.ModelConfig`, the temperature, the samples per task and the
+    concurrency from :class:`~agentenv.evaluation.EvalConfig`, the tokens per reply and top-p from
+    :class:`~agentenv.rollout.RolloutConfig`.
+
+    Raises:
+        ConfigError: A value out of range or a malformed ``--seeds`` (the message names the flag and
+            the value).
+    """
+
+    env: str = "alfworld"
+    """Environment id (`agentenv envs` lists them)."""
+    remote: tuple[str, ...] = ()
+    """URL of an `agentenv serve` server playing the env; with several, episodes go round-robin.
+    The env need not be installed here; its constructor arguments are the server's."""
+    env_arg: tuple[str, ...] = ()
+    """KEY=VALUE: a constructor argument of the environment (VALUE read as YAML)."""
+    chat_template_kwarg: tuple[str, ...] = ()
+    """KEY=VALUE: a variable of the model's chat template (VALUE read as YAML), e.g. enable_thinking=false
+    for Qwen3's thinking-off mode."""
+    split: str | None = None
+    """Shorthand for --env-arg split=SPLIT (ALFWorld: valid_seen, 140 games, the default; valid_unseen, 134)."""
+    model: str | None = ModelConfig.name
+    """Model folder (e.g. one `agentenv export` wrote) or mapped name; None: the embedded SmolLM2-135M."""
+    engine: EngineKind = ModelConfig.engine
+    """Generation engine."""
+    gpu_memory_utilization: float | None = ModelConfig.memory_share
+    """vLLM's share of the GPU's memory (of host memory on a CPU); None: 0.9 on a GPU, 0.2 on a CPU."""
+    samples_per_game: int = EvalConfig.samples_per_problem
+    """K episodes per task (the ALFWorld papers sample 3 at temperature 1.0)."""
+    limit: int | None = None
+    """Play only the first N tasks; None: every task."""
+    seeds: str | None = None
+    """A:B: seeds A..B-1, one episode each, for an env without a task list; None: 2000000000:2000000020.
+    Training plays seeds from run.seed * 1000003 upwards, so these are not among them."""
+    concurrency: int = EvalConfig.concurrency
+    """Episodes played at once."""
+    max_steps: int | None = None
+    """Turns per episode; None: the env's own limit, and at most 50 turns.
+    Also passed as the env's max_steps or max_turns argument when it takes one (unless --env-arg sets it)."""
+    max_new_tokens: int = RolloutConfig.max_new_tokens_per_turn
+    """Tokens per reply."""
+    max_total_tokens: int | None = None
+    """Tokens per episode after the prompt; None: what the model's context holds."""
+    temperature: float = EvalConfig.temperature
+    """0: greedy, as the trainer's held-out evaluation; above 0: sampled."""
+    top_p: float = RolloutConfig.top_p
+    """Nucleus mass of sampling, in (0, 1]."""
+    seed: int = 0
+    """Sampling seed of the engine and of the episodes."""
+    data_root: str | None = None
+    """Shorthand for --env-arg data_root=PATH (ALFWorld: the alfworld data folder, default <data>/alfworld)."""
+    transcripts: int = 10
+    """Keep the transcript of the first N episodes in report.json."""
+    out: str | None = None
+    """Folder for report.json, report.txt and episodes.jsonl; None: runs/eval/<env>[_<split>]."""
+    overwrite: bool = False
+    """Replace an earlier evaluation in --out (never a folder that is not one)."""
+    resume: bool = False
+    """Continue the evaluation in --out: play only the episodes it has not recorded (the same protocol)."""
+    no_progress: bool = False
+    """Print no progress bar."""
+
+    def __post_init__(self) -> None:
+        at_least = {"--samples-per-game": (self.samples_per_game, 1), "--concurrency": (self.concurrency, 1),
+                    "--limit": (self.limit, 1), "--max-steps": (self.max_steps, 1),
+                    "--max-new-tokens": (self.max_new_tokens, 1), "--max-total-tokens": (self.max_total_tokens, 1),
+                    "--transcripts": (self.transcripts, 0)}
+        for flag, (value, low) in at_least.items():
+            if value is not None and value < low:
+                raise ConfigError(f"{flag} {value}: expected an integer >= {low}")
+        if not 0 <= self.temperature < float("inf"):
+            raise ConfigError(f"--temperature {self.temperature}: expected a finite number >= 0")
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"--top-p {self.top_p}: expected a number in (0, 1]")
+        share = self.gpu_memory_utilization
+        if share is not None and not 0 < share <= 1:
+            raise ConfigError(f"--gpu-memory-utilization {share}: expected a number in (0, 1]")
+        if self.seeds is not None:
+            parse_seeds(self.seeds)
+
+    @property
+    def seed_range(self) -> range:
+        """The seeds an env without a task list plays (``--seeds``, else :data:`DEFAULT_SEEDS`)."""
+        return parse_seeds(self.seeds) if self.seeds is not None else DEFAULT_SEEDS
+
+
+DESCRIPTION = ("Evaluate a model on an environment: its fixed tasks (default: ALFWorld seen games), or a range of "
+               "seeds for an env without a task list. By default the trainer's held-out protocol: greedy, one "
+               "sample per task, the env's own turn limit.")
+
+
+def parse_args(argv: Sequence[str]) -> EvalArgs:
+    """``agentenv eval``'s command line as :class:`EvalArgs` (tyro; a repeated flag such as ``--env-arg`` adds up).
+
+    Raises:
+        SystemExit: ``--help`` (status 0, the help printed), or a flag or value that does not parse or is
+            out of range (status 2, the message on stderr naming the flag and the value).
+    """
+    import tyro
+
+    return tyro.cli(EvalArgs, args=list(argv), prog="agentenv eval", description=DESCRIPTION,
+                    config=(tyro.conf.UseAppendAction, tyro.conf.FlagCreatePairsOff))
 
 
 def parse_seeds(text: str) -> range:
@@ -123,14 +179,7 @@ def parse_seeds(text: str) -> range:
     return seeds
 
 
-#: Constructor arguments that bound an episode's length; ``--max-steps`` sets the first one an env takes.
-TURN_LIMIT_ARGS = ("max_steps", "max_turns")
-#: Turns an episode may take when ``--max-steps`` is not given (ALFWorld's 50 steps): an env's own,
-#: smaller limit ends it first.
-DEFAULT_MAX_STEPS = 50
-
-
-def env_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+def env_kwargs(args: EvalArgs) -> dict[str, Any]:
     """The environment's constructor arguments from ``--env-arg``, ``--split``, ``--data-root`` and ``--max-steps``.
 
     ``--env-arg KEY=VALUE`` values are read as YAML (``3`` an int, ``true`` a bool, ``a`` a string);
@@ -163,7 +212,7 @@ def env_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     return kwargs
 
 
-def template_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+def template_kwargs(args: EvalArgs) -> dict[str, Any]:
     """The chat template's extra variables from ``--chat-template-kwarg KEY=VALUE`` (VALUE read as YAML).
 
     Raises:
@@ -173,7 +222,7 @@ def template_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 
 
-def _build_engine(args: argparse.Namespace) -> tuple[GenerationEngine, ChatRenderer]:
+def _build_engine(args: EvalArgs) -> tuple[GenerationEngine, ChatRenderer]:
     """Load the model and return ``(engine, renderer)`` (:func:`agentenv.engines.build.build_engine`).
 
     vLLM loads the folder itself; the transformers engine decodes the model loaded here, on a GPU in
@@ -218,10 +267,11 @@ def refuse_checkpoint(model: str | None) -> None:
                           "--model MODEL_DIR")
 
 
-def protocol(args: argparse.Namespace, kwargs: Mapping[str, Any], tasks: str) -> dict[str, Any]:
+def protocol(args: EvalArgs, kwargs: Mapping[str, Any], tasks: str) -> dict[str, Any]:
     """How ``agentenv eval`` plays its episodes, as written in the report (and compared by ``--resume``)."""
     sampling = "greedy" if args.temperature <= 0 else f"temperature {args.temperature}, top_p {args.top_p}"
-    return {"sampling": sampling, "samples_per_task": args.samples_per_game, "tasks": tasks, "remote": args.remote,
+    return {"sampling": sampling, "samples_per_task": args.samples_per_game, "tasks": tasks,
+            "remote": list(args.remote) or None,
             "max_turns": args.max_steps or f"the env's own, at most {DEFAULT_MAX_STEPS}",
             "max_new_tokens_per_turn": args.max_new_tokens,
             "max_total_tokens": args.max_total_tokens or "model context", "seed": args.seed,
@@ -280,14 +330,26 @@ def all_failed(results: Sequence[EpisodeResult]) -> str | None:
     return f"all {len(results)} episodes failed (the first: {results[0].error})"
 
 
-async def _run(args: argparse.Namespace) -> tuple[EvalReport, list[EpisodeResult], Path]:
-    from agentenv.registration import make, tool_parser_argument
-    from agentenv.rollout import RolloutConfig
+@dataclass(frozen=True)
+class _Plan:
+    """What an evaluation plays and where it writes, settled before any model loads."""
+
+    jobs: list[EpisodeJob]
+    kinds: list[str]  # every kind of the env, in task order
+    split: str
+    kwargs: dict[str, Any]  # the env's constructor arguments
+    protocol: dict[str, Any]
+    out: Path
+
+
+async def _plan(args: EvalArgs) -> _Plan:
+    """Read the env's tasks, choose the jobs and claim ``--out`` (input is checked before the folder is)."""
+    from agentenv.registration import make
 
     template_kwargs(args)  # a malformed --chat-template-kwarg fails before anything loads
     refuse_checkpoint(args.model)
     kwargs = env_kwargs(args)
-    async with make(args.env, remote=args.remote, **kwargs) as env:
+    async with make(args.env, remote=list(args.remote) or None, **kwargs) as env:
         tasks, split = env.tasks(), env.split
     if tasks is not None and len(tasks) and args.seeds is None:
         jobs = make_jobs(list(zip(tasks.ids, tasks.kinds, strict=True)), samples_per_game=args.samples_per_game,
@@ -295,19 +357,26 @@ async def _run(args: argparse.Namespace) -> tuple[EvalReport, list[EpisodeResult
         shown = f"first {len(jobs) // args.samples_per_game} of {len(tasks)} tasks"
         kinds = list(dict.fromkeys(tasks.kinds))
     else:
-        seeds = parse_seeds(args.seeds) if args.seeds else DEFAULT_SEEDS
+        seeds = args.seed_range
         jobs = seed_jobs(seeds, samples_per_game=args.samples_per_game, transcripts=args.transcripts)
         shown, kinds = f"seeds {seeds.start}:{seeds.stop}", [""]
-    proto = protocol(args, kwargs, shown)
-    args.out = args.out or str(Path("runs", "eval", folder_name(args.env, split)))
-    out = claim_folder(args.out, EVALUATION, overwrite=args.overwrite, resume=args.resume)  # input checked first
-    log = EpisodeLog(out, proto, resume=args.resume)
+    out = claim_folder(args.out or Path("runs", "eval", folder_name(args.env, split)), EVALUATION,
+                       overwrite=args.overwrite, resume=args.resume)
+    return _Plan(jobs, kinds, split, kwargs, protocol(args, kwargs, shown), out)
+
+
+async def _play(args: EvalArgs, plan: _Plan) -> tuple[EvalReport, list[EpisodeResult]]:
+    """Play the jobs ``--out`` has not recorded, logging each as it ends; aggregate every recorded one."""
+    from agentenv.registration import make, tool_parser_argument
+
+    log = EpisodeLog(plan.out, plan.protocol, resume=args.resume)
     done = log.keys()
-    todo = [j for j in jobs if (j.game, j.sample) not in done]
+    todo = [j for j in plan.jobs if (j.game, j.sample) not in done]
     if done:
-        print(f"agentenv eval: {len(jobs) - len(todo)} of {len(jobs)} episodes recorded before; playing the "
-              f"other {len(todo)}", file=sys.stderr)
+        print(f"agentenv eval: {len(plan.jobs) - len(todo)} of {len(plan.jobs)} episodes recorded before; playing "
+              f"the other {len(todo)}", file=sys.stderr)
     start = time.perf_counter()
+    remote = list(args.remote) or None
     try:
         new: list[EpisodeResult] = []
         if todo:
@@ -320,59 +389,66 @@ async def _run(args: argparse.Namespace) -> tuple[EvalReport, list[EpisodeResult
                 top_p=args.top_p,
             )
             # the model's tool-call format, as training fills it (a remote env's arguments are the server's)
-            filled = {} if args.remote else tool_parser_argument(args.env, renderer.tool_parser_name, kwargs)
+            filled = {} if remote else tool_parser_argument(args.env, renderer.tool_parser_name, plan.kwargs)
             if filled:
                 print(f"agentenv eval: tool_parser={filled['tool_parser']!r}, from the model's chat template",
                       file=sys.stderr)
-            played = {**kwargs, **filled}
+            played = {**plan.kwargs, **filled}
             try:
                 new = await run_jobs(todo, model_agent(engine, renderer, cfg),
-                                     lambda: make(args.env, remote=args.remote, **played),
+                                     lambda: make(args.env, remote=remote, **played),
                                      concurrency=args.concurrency, progress=not args.no_progress,
                                      on_result=log.add)
             finally:
                 await engine.close()
     finally:
         log.close()
-    order = {(j.game, j.sample): i for i, j in enumerate(jobs)}
+    order = {(j.game, j.sample): i for i, j in enumerate(plan.jobs)}
     results = sorted([*log.done, *new], key=lambda r: order.get((r.game, r.sample), len(order)))
     report = aggregate(
         results,
         env=args.env,
-        split=split,
+        split=plan.split,
         model=args.model or "SmolLM2-135M (embedded)",
         samples_per_game=args.samples_per_game,
-        task_order=kinds,  # every kind of the env, in task order
+        task_order=plan.kinds,
         seconds=time.perf_counter() - start,
-        protocol=proto,
+        protocol=plan.protocol,
     )
-    return report, results, out
+    return report, results
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``agentenv eval``: print and write the success-rate report; return the exit status.
 
-    0: the report is written; 1: every episode failed (the report is written too); 2: bad input or a
-    folder that is not an evaluation's; 130: Ctrl-C (the episodes that ended are in ``episodes.jsonl``:
-    ``--resume`` continues).
+    0: the report is written (or ``--help`` printed); 1: every episode failed (the report is written
+    too); 2: bad input (a flag or value that does not parse or is out of range, an unknown env or
+    model) or a folder that is not an evaluation's; 130: Ctrl-C (the episodes that ended are in
+    ``episodes.jsonl``: ``--resume`` continues).
 
     Examples: ``agentenv eval --env alfworld --split valid_unseen --model PATH``;
     ``agentenv eval --env examples/GuessNumber-v0 --env-arg high=20``;
     ``agentenv eval --env reasoning_gym/gcd --seeds 0:50 --temperature 1.0 --samples-per-game 3``;
     ``agentenv eval --env examples/GuessNumber-v0 --remote http://127.0.0.1:8000``.
     """
-    args = _parser().parse_args(argv)
     try:
-        report, results, out = asyncio.run(_run(args))
+        args = parse_args(sys.argv[1:] if argv is None else argv)
+    except SystemExit as exc:  # tyro printed the help, or the message naming the bad flag or value
+        return exc.code if isinstance(exc.code, int) else 2
+    plan = None
+    try:
+        plan = asyncio.run(_plan(args))
+        report, results = asyncio.run(_play(args, plan))
     except AgentEnvError as exc:
         print(f"agentenv eval: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"\nagentenv eval: stopped; the episodes that ended are in {Path(args.out or '.') / 'episodes.jsonl'} "
+        out = plan.out if plan is not None else Path(args.out or ".")
+        print(f"\nagentenv eval: stopped; the episodes that ended are in {out / 'episodes.jsonl'} "
               "(the same command with --resume plays the rest)", file=sys.stderr)
         return 130
     print(format_table(report))
-    path = write_report(report, results, out)
+    path = write_report(report, results, plan.out)
     print(f"report written to {path}")
     if (failed := all_failed(results)) is not None:
         print(f"agentenv eval: {failed}", file=sys.stderr)

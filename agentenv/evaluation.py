@@ -102,9 +102,10 @@ Policy = Callable[[str, Mapping[str, Any]], Awaitable[str]]
 class EvalConfig:
     """The held-out evaluation run before the first update and after the last one (``TrainConfig.eval``).
 
-    The held-out tasks are the first ``problems`` of the held-out environment's
-    :meth:`~agentenv.core.Env.tasks` (the env built with ``env.kwargs`` updated by
-    ``env.eval_kwargs``); choose ``eval_kwargs`` so that they never appear in training.
+    ``agentenv eval`` takes its defaults for the temperature, the samples per task and the concurrency
+    from here (:class:`agentenv.eval_command.EvalArgs`). The held-out tasks are the first ``problems``
+    of the held-out environment's :meth:`~agentenv.core.Env.tasks` (the env built with ``env.kwargs``
+    updated by ``env.eval_kwargs``); choose ``eval_kwargs`` so that they never appear in training.
     """
 
     problems: int = 0

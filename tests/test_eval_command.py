@@ -3,15 +3,22 @@ ends (``--resume``), seeds for an env without a task list, exit statuses, and a 
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import re
+import shlex
+from pathlib import Path
 
 import pytest
 
 import agentenv
 from agentenv import eval_command
+from agentenv.engines.build import ModelConfig
 from agentenv.errors import EngineError
-from agentenv.eval_command import main
+from agentenv.eval_command import EvalArgs, main, parse_args
+from agentenv.evaluation import EvalConfig
 from agentenv.registration import EnvSpec
+from agentenv.rollout import RolloutConfig
 from tests.fakes import CharRenderer, ScriptedEngine
 from tests.tiny_env import RepeatNumberEnv
 
@@ -30,6 +37,87 @@ class CountingEngine(ScriptedEngine):
 
 def use_engine(monkeypatch, engine):
     monkeypatch.setattr(eval_command, "_build_engine", lambda args: (engine, CharRenderer()))
+
+
+def said(capsys) -> str:
+    """What the command wrote on stderr, on one line (tyro draws its messages in a box)."""
+    return " ".join(capsys.readouterr().err.replace("\u2502", " ").split())
+
+
+REPO = Path(__file__).resolve().parents[1]
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), *sorted(REPO.glob("examples/*/README.md"))]
+
+
+def test_the_defaults_are_the_training_configs_values():
+    args = parse_args([])
+    assert args == EvalArgs()
+    model, held_out, rollout = ModelConfig(), EvalConfig(), RolloutConfig()
+    assert (args.model, args.engine, args.gpu_memory_utilization) == (model.name, model.engine, model.memory_share)
+    assert (args.model, args.engine, args.gpu_memory_utilization) == (None, "transformers", None)
+    assert (args.temperature, args.samples_per_game, args.concurrency) == (
+        held_out.temperature, held_out.samples_per_problem, held_out.concurrency) == (0.0, 1, 8)
+    assert (args.max_new_tokens, args.top_p) == (rollout.max_new_tokens_per_turn, rollout.top_p) == (256, 1.0)
+
+
+def test_a_repeated_flag_adds_up_in_either_spelling():
+    args = parse_args(["--env-arg", "high=3", "--env-arg=low=1", "--remote", "http://a:1", "--remote", "http://b:2",
+                       "--chat-template-kwarg", "enable_thinking=false", "--no-progress", "--resume"])
+    assert args.env_arg == ("high=3", "low=1") and args.remote == ("http://a:1", "http://b:2")
+    assert eval_command.template_kwargs(args) == {"enable_thinking": False}
+    assert (args.no_progress, args.resume, args.overwrite) == (True, True, False)
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--temperature", "-1"], "--temperature -1.0: expected a finite number >= 0"),
+    (["--top-p", "1.5"], "--top-p 1.5: expected a number in (0, 1]"),
+    (["--samples-per-game", "0"], "--samples-per-game 0: expected an integer >= 1"),
+    (["--concurrency", "0"], "--concurrency 0: expected an integer >= 1"),
+    (["--max-total-tokens", "-5"], "--max-total-tokens -5: expected an integer >= 1"),
+    (["--transcripts", "-1"], "--transcripts -1: expected an integer >= 0"),
+    (["--gpu-memory-utilization", "2"], "--gpu-memory-utilization 2.0: expected a number in (0, 1]"),
+    (["--seeds", "8:5"], "--seeds '8:5': expected A:B with 0 <= A < B"),
+    (["--concurrency", "four"], "--concurrency: invalid literal for int() with base 10: 'four'"),
+    (["--engine", "tgi"], "invalid choice 'tgi' for argument '--engine'"),
+    (["--temprature", "1"], "Unrecognized options: --temprature"),
+])
+def test_a_bad_flag_or_value_exits_2_naming_it_before_anything_is_written(argv, message, tmp_path, monkeypatch,
+                                                                        capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["--env", "tests/Repeat-v0", *argv]) == 2
+    assert message in said(capsys)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_help_lists_every_option(capsys):
+    assert main(["--help"]) == 0
+    shown = capsys.readouterr().out
+    flags = ["--" + f.name.replace("_", "-") for f in dataclasses.fields(EvalArgs)]
+    assert [f for f in flags if f not in shown] == [] and len(flags) == 24
+
+
+def documented_commands() -> list[tuple[str, str, bool]]:
+    """``(file, arguments, whole)`` of every ``agentenv eval`` in the docs: code-block lines (whole commands)
+    and inline code (which may name a flag alone, e.g. `agentenv eval --model`); synopses with [...] left out."""
+    found = []
+    for path in DOCS:
+        text = path.read_text().replace("\\\n", " ")
+        where = str(path.relative_to(REPO))
+        found += [(where, c, True) for c in re.findall(r"^(?:\.venv/bin/)?agentenv eval\s(.*)$", text, re.M)]
+        found += [(where, c, False) for c in re.findall(r"`(?:\.venv/bin/)?agentenv eval\s([^`]*)`", text)
+                  if "[" not in c]
+    return found
+
+
+def test_every_documented_eval_command_reads():
+    commands = documented_commands()
+    assert {f for f, _, whole in commands if whole} >= {"docs/cli.md", "docs/environments.md", "docs/remote.md",
+                                                         "docs/tutorial_own_env.md", "examples/guess_number/README.md"}
+    flags = {"--help", *("--" + f.name.replace("_", "-") for f in dataclasses.fields(EvalArgs))}
+    for where, command, whole in commands:
+        words = shlex.split(command, comments=True)
+        if whole:
+            parse_args(words)  # a SystemExit here names the file's command that no longer reads
+        assert {w.partition("=")[0] for w in words if w.startswith("--")} <= flags, (where, command)
 
 
 def test_the_default_protocol_is_the_held_out_one_and_the_report_states_it(guess_number, monkeypatch, tmp_path,

@@ -198,7 +198,8 @@ def test_main_rejects_bad_input_cleanly(capsys) -> None:
     assert main(["--split", "valid_train", "--no-progress"]) == 2
     assert "unknown ALFWorld split 'valid_train'" in capsys.readouterr().err
     assert main(["--split", "valid_seen", "--samples-per-game", "0", "--no-progress"]) == 2
-    assert "samples_per_game must be >= 1" in capsys.readouterr().err
+    said = " ".join(capsys.readouterr().err.replace("│", " ").split())  # tyro's message box, unwrapped
+    assert "--samples-per-game 0: expected an integer >= 1" in said
 
 
 def test_main_evaluates_any_env_that_declares_tasks(guess_number, monkeypatch, tmp_path, capsys) -> None:
@@ -227,8 +228,8 @@ def test_without_max_steps_the_env_keeps_its_own_turn_limit(guess_number, monkey
     (not the rollout's cap of 50, which is not passed on to the env)."""
     from agentenv import eval_command
 
-    assert eval_command.env_kwargs(eval_command._parser().parse_args(["--env", guess_number])) == {}
-    assert eval_command.env_kwargs(eval_command._parser().parse_args(["--env", guess_number, "--max-steps", "3"])) == {
+    assert eval_command.env_kwargs(eval_command.parse_args(["--env", guess_number])) == {}
+    assert eval_command.env_kwargs(eval_command.parse_args(["--env", guess_number, "--max-steps", "3"])) == {
         "max_turns": 3}
     engine = ScriptedEngine(["0"])  # below every secret: never right
     monkeypatch.setattr(eval_command, "_build_engine", lambda args: (engine, CharRenderer()))

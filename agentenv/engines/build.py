@@ -30,7 +30,11 @@ ENGINES: tuple[str, ...] = get_args(EngineKind)
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """The policy model and the generation engine that samples from it (``TrainConfig.model``)."""
+    """The policy model and the generation engine that samples from it (``TrainConfig.model``).
+
+    ``agentenv eval`` takes its defaults for the model, the engine and vLLM's memory share from here
+    (:class:`agentenv.eval_command.EvalArgs`).
+    """
 
     name: str | None = None
     """A local checkpoint folder, a name mapped in ``$AGENTENV_MODELS``, or None for the embedded

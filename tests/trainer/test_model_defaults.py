@@ -79,9 +79,9 @@ def test_chat_template_kwargs_reach_the_renderer(monkeypatch):
 
 
 def test_agentenv_eval_reads_chat_template_kwargs():
-    args = eval_command._parser().parse_args(["--env", "alfworld", "--chat-template-kwarg", "enable_thinking=false",
-                                            "--chat-template-kwarg", "depth=2"])
+    args = eval_command.parse_args(["--env", "alfworld", "--chat-template-kwarg", "enable_thinking=false",
+                                    "--chat-template-kwarg", "depth=2"])
     assert eval_command.template_kwargs(args) == {"enable_thinking": False, "depth": 2}
-    bad = eval_command._parser().parse_args(["--env", "alfworld", "--chat-template-kwarg", "enable_thinking"])
+    bad = eval_command.parse_args(["--env", "alfworld", "--chat-template-kwarg", "enable_thinking"])
     with pytest.raises(ConfigError, match="expected KEY=VALUE"):
         eval_command.template_kwargs(bad)

@@ -18,7 +18,7 @@ pytest.importorskip("alfworld", reason="the alfworld package is not installed (s
 
 from agentenv.chat import ChatRenderer  # noqa: E402
 from agentenv.engines.base import GenerationOutput, TokenSpan  # noqa: E402
-from agentenv.eval_command import DEFAULT_MAX_NEW_TOKENS, DEFAULT_MAX_STEPS  # noqa: E402
+from agentenv.eval_command import DEFAULT_MAX_STEPS, EvalArgs  # noqa: E402
 from agentenv.evaluation import make_jobs, model_agent  # noqa: E402
 from agentenv.registration import make  # noqa: E402
 from agentenv.rollout import RolloutConfig  # noqa: E402
@@ -65,7 +65,7 @@ def tokenizer():
 async def _play(tokenizer, reply: str):
     renderer = ChatRenderer(tokenizer)
     engine = RepeatingEngine(tokenizer, renderer, reply)
-    cfg = RolloutConfig(max_turns=DEFAULT_MAX_STEPS, max_new_tokens_per_turn=DEFAULT_MAX_NEW_TOKENS,
+    cfg = RolloutConfig(max_turns=DEFAULT_MAX_STEPS, max_new_tokens_per_turn=EvalArgs().max_new_tokens,
                         max_total_tokens=engine.max_context_tokens, temperature=0.0)
     async with make("alfworld", split="valid_unseen") as env:
         tasks = env.tasks()
