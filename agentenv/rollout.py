@@ -32,9 +32,29 @@ logger = logging.getLogger(__name__)
 
 
 class Renderer(Protocol):
-    """What the loop needs from the chat renderer (``agentenv.chat.ChatRenderer``)."""
+    """What the loop needs from the chat renderer (``agentenv.chat.ChatRenderer``).
+
+    A renderer class that subclasses this protocol inherits the defaults of :attr:`end_of_turn_id`
+    and :attr:`tool_parser_name`; ``ChatRenderer`` reads both from its template.
+    """
 
     stop_token_ids: tuple[int, ...]
+
+    @property
+    def end_of_turn_id(self) -> int:
+        """The token that closes an assistant turn (a reply cut by a token budget is closed with it).
+
+        Default: the first of :attr:`stop_token_ids`.
+        """
+        return self.stop_token_ids[0]
+
+    @property
+    def tool_parser_name(self) -> str | None:
+        """The registered tool-call parser the chat template implies (:mod:`agentenv.tool_calls`), or None.
+
+        None (the default) means the template implies none: callers then parse Hermes calls.
+        """
+        return None
 
     def initial_prompt(self, user_text: str, *, system: str | None = None, tools: Any = ()) -> list[int]:
         """Token ids of the first prompt, ending with the assistant generation prompt."""
@@ -396,7 +416,7 @@ async def run_episode_samples(
                 break
             # A cut turn ("act") is closed with the end-of-turn token, as an environment token: the
             # policy did not sample it, and the template's delta assumes a closed turn.
-            closing = [getattr(renderer, "end_of_turn_id", renderer.stop_token_ids[0])] if cut else []
+            closing = [renderer.end_of_turn_id] if cut else []
             if conv is None:
                 obs_ids = closing + renderer.observation_tokens(env.observation_role, result.observation)
             else:

@@ -31,13 +31,14 @@ from typing import Any, ClassVar
 import torch
 
 from agentenv.core import Env, StepResult
+from agentenv.rollout import Renderer
 from agentenv.trainer import recipe, setup
 from agentenv.trainer import train as train_loop
 
 EOT = 1000  # the renderer's end-of-turn token
 
 
-class CharRenderer:
+class CharRenderer(Renderer):
     """One token per character (code point mod 256); ``EOT`` ends a turn."""
 
     stop_token_ids = (EOT,)

@@ -10,13 +10,13 @@ from agentenv.collector import RolloutCollector
 from agentenv.engines.base import derive_seed
 from agentenv.engines.transformers_engine import TransformersEngine
 from agentenv.models import tiny_random_model
-from agentenv.rollout import RolloutConfig, run_episode_samples
+from agentenv.rollout import Renderer, RolloutConfig, run_episode_samples
 from tests.fakes import CountdownEnv
 
 pytestmark = pytest.mark.timeout(120)
 
 
-class ByteRenderer:
+class ByteRenderer(Renderer):
     """Bytes as tokens for a 256-token vocabulary; token 0 ends a turn."""
 
     stop_token_ids = (0,)

@@ -78,6 +78,22 @@ async def test_cut_reply_is_played_by_an_env_that_acts_and_the_turn_is_closed():
     assert traj.num_policy_tokens == 12
 
 
+def test_a_renderer_inherits_the_protocol_defaults():
+    renderer = CharRenderer()  # subclasses agentenv.rollout.Renderer and declares neither member
+    assert (renderer.end_of_turn_id, renderer.tool_parser_name) == (EOT, None)
+
+
+async def test_a_cut_turn_is_closed_with_the_renderers_end_of_turn_token():
+    class OtherEnd(CharRenderer):
+        stop_token_ids = (EOT, 999)
+        end_of_turn_id = 999  # a template whose turn ends with a token other than the first stop token
+
+    cfg = RolloutConfig(max_turns=2, max_new_tokens_per_turn=4)
+    traj = await run_episode(GameEnv(limit=10), RamblingEngine(["go "]), OtherEnd(), cfg, seed=0)
+    first_obs = traj.prompt_length + 4
+    assert traj.token_ids[first_obs] == 999 and traj.loss_mask[first_obs] == 0
+
+
 async def test_cut_by_the_total_budget_ends_after_acting():
     env = GameEnv(limit=10)
     cfg = RolloutConfig(max_turns=5, max_new_tokens_per_turn=8, max_total_tokens=5)

@@ -110,11 +110,11 @@ def default_env_kwargs(cfg: TrainConfig, renderer: ChatRenderer | None) -> dict[
     ``NAME`` is ``renderer.tool_parser_name`` (the parser the chat template's call syntax implies,
     :func:`agentenv.tool_calls.parser_for_template`), given as
     :func:`agentenv.registration.tool_parser_argument` decides; a remote env (the server owns its
-    arguments), a renderer without the property, or a template that implies no parser give ``{}``.
+    arguments), no renderer, or a template that implies no parser give ``{}``.
     """
     from agentenv.registration import tool_parser_argument
 
-    name = getattr(renderer, "tool_parser_name", None)
+    name = renderer.tool_parser_name if renderer is not None else None
     if cfg.env.remote is not None:
         return {}
     filled = tool_parser_argument(cfg.env.id, name, cfg.env.kwargs)

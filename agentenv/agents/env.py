@@ -207,7 +207,7 @@ class AgentEnv(Env[str, str]):
         if self._parser is None:
             from agentenv.tool_calls import get_tool_parser
 
-            self._parser = get_tool_parser(getattr(renderer, "tool_parser_name", None) or "hermes")
+            self._parser = get_tool_parser(renderer.tool_parser_name or "hermes")
         return self._parser
 
     async def play_episode(self, engine: Any, renderer: Any, cfg: RolloutConfig, *, seed: int | None = None,

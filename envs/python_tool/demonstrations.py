@@ -91,7 +91,7 @@ def template_family(renderer: Any) -> str:
     ``"hermes"`` is also what :class:`~agentenv.envs.python_tool.env.PythonToolEnv` parses when the
     template implies no family.
     """
-    return getattr(renderer, "tool_parser_name", None) or "hermes"
+    return renderer.tool_parser_name or "hermes"
 
 
 def build_transcript(
@@ -114,8 +114,8 @@ def build_transcript(
     tool-call parser: the call must parse as this ``python`` call and the answer as no call.
 
     Args:
-        renderer: ``agentenv.chat.ChatRenderer`` (initial_prompt, observation_tokens, stop_token_ids;
-            ``conversation`` and ``tool_parser_name`` when it has them).
+        renderer: ``agentenv.chat.ChatRenderer`` (initial_prompt, observation_tokens, stop_token_ids,
+            tool_parser_name; ``conversation`` when it has it).
         encode: Tokenizer encoding of assistant text without special tokens.
         solution: The scripted problem and solution.
         system: System prompt of the environment.

@@ -13,6 +13,7 @@ from typing import ClassVar
 from agentenv.core import Env, StepResult
 from agentenv.engines.base import GenerationOutput, SamplingParams, TokenSpan
 from agentenv.errors import EngineError, ResetNeeded
+from agentenv.rollout import Renderer
 
 EOT = 1000
 
@@ -50,9 +51,10 @@ def recording_learner(batches: list[list], build_learner=None):
     return recording
 
 
-class CharRenderer:
+class CharRenderer(Renderer):
+    """One token per character (code point mod 256); ``EOT`` ends a turn; no tool-call parser (the default)."""
+
     stop_token_ids = (EOT,)
-    tool_parser_name = None  # a template that implies no tool-call parser
 
     def initial_prompt(self, user_text, *, system=None, tools=()):
         return [ord(c) % 256 for c in f"U:{user_text}\nA:"]
