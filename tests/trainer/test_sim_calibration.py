@@ -32,8 +32,8 @@ def write_run(root: Path, name: str, *, mode: str = "async", policy: str = "pace
            "staleness": {"policy": policy, "max_lag": 4.0, "gamma": 4.0, "beta": 0.9, "target_occupancy": None,
                          "drift_mode": drift_mode}}
     (d / "config.yaml").write_text(yaml.safe_dump(cfg))
-    rows = [{"update": 1, "learner/version": 1.0, "busy/wall_s": 30.0, "busy/learner_s": 10.0},
-            {"update": 1, "learner/version": 1.0, "busy/wall_s": 36.0, "busy/learner_s": 10.5}]
+    rows = [{"update": 1, "learner/version": 1.0, "busy/wall_s": 30.0, "busy/learner_s": 10.0, "time/wait_s": 19.0},
+            {"update": 1, "learner/version": 1.0, "busy/wall_s": 36.0, "busy/learner_s": 10.5, "time/wait_s": 5.5}]
     (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     consumed = [  # (policy tokens, turns, tokens, gs, ws, start, completion)
         (60, 2, 360, 0.0, 0, 100.0, 110.0), (70, 2, 380, 0.5, 1, 101.0, 115.0),
@@ -53,6 +53,7 @@ def test_measure_run_reads_the_folder(tmp_path):
     assert m.prompt_tokens == 305  # median of 300, 310, 280, 310 environment tokens
     assert list(m.episodes.policy_tokens) == [60, 70, 50, 80] and list(m.episodes.turns) == [2, 2, 1, 2]
     assert (m.batches, m.steps, m.wall_s, m.learner_s) == (2, 1, 36.0, 10.5)
+    assert m.step_overhead_s == pytest.approx(36.0 - 24.5 - 10.5)  # neither waiting nor learning
     assert m.updates_per_hour == pytest.approx(100.0) and m.learner_s_per_step == 10.5 and m.no_step_share == 0.5
     assert m.gs_mean == pytest.approx(0.375) and m.ws_mean == pytest.approx(0.25)
     assert m.rejection_rate == pytest.approx(1 / 5) and m.episode_s_mean == pytest.approx(12.5)  # 10, 14, 6, 20 s
@@ -86,7 +87,7 @@ def simulated_run(name: str, policy: str, seed: int) -> RunMeasurement:
         name=name, mode="sync" if policy == "sync" else "async", policy=policy, batch_size=16, concurrency=16,
         max_pool_size=32, max_lag=4.0, gamma=4.0, beta=0.9, target_occupancy=None, tool_latency_mean_s=3.3,
         tool_latency_sigma=1.0, prompt_tokens=300, episodes=SAMPLE, batches=r.batches, steps=r.updates,
-        wall_s=r.sim_time_s, learner_s=r.trainer_busy * r.sim_time_s, gs_mean=float(r.gs.mean()),
+        wall_s=r.sim_time_s, learner_s=r.trainer_busy * r.sim_time_s, overhead_s=0.0, gs_mean=float(r.gs.mean()),
         ws_mean=float(r.ws.mean()), rejected=r.rejected, consumed=r.consumed, episode_s_mean=float(r.episode_s.mean()))
 
 

@@ -248,3 +248,17 @@ def test_new_settings_are_validated():
                 dict(decode_base_s=0.0, decode_per_seq_s=0.0), dict(decode_per_seq_s=-1.0), dict(max_batches=0)):
         with pytest.raises(ConfigError):
             SimConfig(**bad)
+
+
+def test_hand_computed_step_overhead():
+    # Two slots at 10 tok/s, 100-token episodes, a 4 s step and 3 s of checks after it, B = 1, 3 batches.
+    # t 10: episodes 1, 2 complete; 1 is trained 10-14, checks to 17; 2 is trained 17-21, checks to 24;
+    # episode 3 (started at 10, done at 20 under v1) is trained 24-28 at v2 (WS 1), checks to 31.
+    # Without the checks: the steps run 10-14, 14-18 and 20-24.
+    cfg = SimConfig(policy="none", batch_size=1, concurrency=2, num_trajectories=10**6, max_batches=3,
+                    tokens_mean=100, tokens_sigma=0.0, turns_mean=1.0, decode_base_s=0.1, decode_per_seq_s=0.0,
+                    train_step_s=4.0, weight_sync_s=0.0, step_overhead_s=3.0)
+    r = simulate(cfg)
+    assert r.sim_time_s == pytest.approx(31.0) and r.updates == 3
+    np.testing.assert_allclose(r.ws, [0.0, 1.0, 1.0])
+    assert simulate(replace(cfg, step_overhead_s=0.0)).sim_time_s == pytest.approx(24.0)

@@ -9,7 +9,8 @@ What is read off the runs and what is fitted:
 
 - **Read per run**: the episode lengths (policy tokens and turns of the consumed trajectories, drawn
   with replacement: :class:`~agentenv.trainer.experiments.simulator.EpisodeSample`), the share of
-  batches without a step, the tool latency (``env.step_latency``: lognormal, mean = median x
+  batches without a step, the loop's seconds per step outside the batch wait and the learner (the
+  sampling check, the logs), the tool latency (``env.step_latency``: lognormal, mean = median x
   exp(sigma^2 / 2)) and the pool's settings.
 - **Read from the fitting runs**: the learner's seconds per step alone, from a synchronous run
   (nothing decodes while it trains).
@@ -69,6 +70,8 @@ class RunMeasurement:
         steps: Optimizer steps taken (the last row's policy version).
         wall_s: Seconds from the start of the update loop to the last row.
         learner_s: Seconds the learner was busy (steps, weight copies into the engine).
+        overhead_s: Seconds of the update loop neither waiting for a batch nor in the learner (the
+            sampling check and the logs after each step).
         gs_mean, ws_mean: Mean generation and waiting staleness of the consumed trajectories.
         rejected: Trajectories the staleness policy rejected.
         consumed: Trajectories consumed.
@@ -93,6 +96,7 @@ class RunMeasurement:
     steps: int
     wall_s: float
     learner_s: float
+    overhead_s: float
     gs_mean: float
     ws_mean: float
     rejected: int
@@ -113,6 +117,11 @@ class RunMeasurement:
     def learner_s_per_step(self) -> float:
         """The learner's busy seconds per optimizer step."""
         return self.learner_s / max(self.steps, 1)
+
+    @property
+    def step_overhead_s(self) -> float:
+        """Seconds of the update loop per step outside the batch wait and the learner."""
+        return max(0.0, self.overhead_s) / max(self.steps, 1)
 
     @property
     def no_step_share(self) -> float:
@@ -154,7 +163,7 @@ def measure_run(run_dir: str | Path) -> RunMeasurement:
     if policy == "pace" and stale.get("drift_mode") == "token_share":
         policy = "pace_share"
     median, sigma = float(latency.get("median_s", 0.0)), float(latency.get("sigma", 0.0))
-    last = rows[-1]
+    last, waited = rows[-1], sum(float(r["time/wait_s"]) for r in rows)
     decisions = _jsonl(files["decisions.jsonl"])
     return RunMeasurement(
         name=run_dir.name, mode=mode, policy=policy, batch_size=int(run["batch_size"]),
@@ -167,6 +176,7 @@ def measure_run(run_dir: str | Path) -> RunMeasurement:
                                np.array([max(1, r["turns"] or 1) for r in consumed])),
         batches=len(rows), steps=int(last["learner/version"]), wall_s=float(last["busy/wall_s"]),
         learner_s=float(last["busy/learner_s"]),
+        overhead_s=float(last["busy/wall_s"]) - waited - float(last["busy/learner_s"]),
         gs_mean=float(np.mean([r["gs"] for r in consumed])), ws_mean=float(np.mean([r["ws"] for r in consumed])),
         rejected=sum(int(d["rejected_count"]) for d in decisions), consumed=len(consumed),
         episode_s_mean=float(np.mean([r["completion_time"] - r["start_time"] for r in consumed])),
@@ -200,6 +210,7 @@ def sim_config(m: RunMeasurement, cal: Calibration, seed: int = 0) -> SimConfig:
         tool_latency_mean_s=m.tool_latency_mean_s, tool_latency_sigma=m.tool_latency_sigma,
         prompt_tokens=m.prompt_tokens, obs_tokens=0, decode_base_s=cal.decode_base_s,
         decode_per_seq_s=cal.decode_per_seq_s, train_step_s=cal.train_step_s, weight_sync_s=0.0,
+        step_overhead_s=m.step_overhead_s,
         max_pool_size=m.max_pool_size, no_step_share=m.no_step_share,
         train_slows_decode=cal.train_slows_decode, decode_slows_train=cal.decode_slows_train,
         max_lag=m.max_lag, gamma=m.gamma, beta=m.beta, target_occupancy=m.target_occupancy,

@@ -19,7 +19,8 @@ What is modelled (all times in seconds, lengths in tokens, versions in optimizer
   ``prefix_version`` stays the old one). A turn that starts after a tool call recomputes its prefix
   (``prefix_version == version``), as the engine resets its prefix cache on a version change. A
   share ``no_step_share`` of the batches carry no gradient (every reward equal): they take no learner
-  time and no version, as in the trainer.
+  time and no version, as in the trainer. After a step the learner takes ``step_overhead_s`` more
+  before its next batch (checks and logs), with generation going on.
 * Shared compute (a CPU running both): while the learner trains, decode steps take
   ``train_slows_decode`` times longer; while the engine decodes, the learner's step progresses
   ``decode_slows_train`` times slower. Both are 1 for an engine and a learner on their own devices.
@@ -102,6 +103,9 @@ class SimConfig:
     """Learner time per optimizer step with the engine idle, seconds."""
     weight_sync_s: float = 0.5
     """Generation pause per weight update, seconds."""
+    step_overhead_s: float = 0.0
+    """Seconds after each step (and weight sync) before the learner takes its next batch, generation
+    going on meanwhile: checks, logging, checkpoints (in the trainer: the sampling check and the logs)."""
     max_pool_size: int | None = None
     """Back-pressure: no episode starts while this many trajectories wait in the pool (None: no limit)."""
     no_step_share: float = 0.0
@@ -157,7 +161,7 @@ class SimConfig:
             raise ConfigError(f"tokens_mean must be >= 1 token, got {self.tokens_mean}")
         if self.turns_mean < 1:
             raise ConfigError(f"turns_mean must be >= 1, got {self.turns_mean}")
-        for name in ("tokens_sigma", "tool_latency_mean_s", "tool_latency_sigma", "weight_sync_s",
+        for name in ("tokens_sigma", "tool_latency_mean_s", "tool_latency_sigma", "weight_sync_s", "step_overhead_s",
                      "drift_scale", "drift_noise_sigma"):
             if not getattr(self, name) >= 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
@@ -331,6 +335,7 @@ class _Sim:
         self.completed = 0
         self.training = False
         self.train_left = 0.0  # seconds of the current step still to run, at the learner's own speed
+        self.settling = False  # after a step: weight sync and step_overhead_s still to pass
         self.idle: list[int] = []  # slots held back by max_pool_size
         self.batches = 0
         self.durations: list[float] = []
@@ -464,7 +469,7 @@ class _Sim:
     def try_train(self) -> None:
         """Select the next batch when the learner is free and B trajectories wait; start its step."""
         cfg = self.cfg
-        while not self.training and len(self.pool) >= cfg.batch_size:
+        while not self.training and not self.settling and len(self.pool) >= cfg.batch_size:
             if cfg.max_batches is not None and self.batches >= cfg.max_batches:
                 return
             self.occ.append(len(self.pool))
@@ -530,17 +535,21 @@ class _Sim:
                 self.training = False
                 self.version += 1
                 self.split_inflight()
+                self.settling = True  # the learner is not free until the weights are in and the checks done
                 if cfg.weight_sync_s > 0:  # nothing decodes until the new weights are loaded
                     self.paused = True
                     self.push(self.now + cfg.weight_sync_s, "sync_done")
                 else:
-                    self.after_batch()
+                    self.push(self.now + cfg.step_overhead_s, "settled")
                 continue
             _, _, kind, slot = heapq.heappop(self.events)
             if kind == "tool":
                 self.start_turn(slot)
             elif kind == "sync_done":
                 self.paused = False
+                self.push(self.now + cfg.step_overhead_s, "settled")
+            elif kind == "settled":
+                self.settling = False
                 self.after_batch()
         T = max(self.now, 1e-12)
         return SimResult(
@@ -558,7 +567,7 @@ class _Sim:
     def batches_done(self) -> bool:
         """``max_batches`` consumed and the learner done with the last (its weights in the engine)."""
         m = self.cfg.max_batches
-        return m is not None and self.batches >= m and not self.training and not self.paused
+        return m is not None and self.batches >= m and not self.training and not self.settling
 
     def after_batch(self) -> None:
         """The learner is done with a batch (stepped or not): sync starts the next one; selection resumes."""
