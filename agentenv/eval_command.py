@@ -145,6 +145,7 @@ class EvalArgs:
         return parse_seeds(self.seeds) if self.seeds is not None else DEFAULT_SEEDS
 
 
+#: What ``agentenv eval --help`` says the command does.
 DESCRIPTION = ("Evaluate a model on an environment: its fixed tasks (default: ALFWorld seen games), or a range of "
                "seeds for an env without a task list. By default the trainer's held-out protocol: greedy, one "
                "sample per task, the env's own turn limit.")
