@@ -290,12 +290,27 @@ def progress_bar(total: int | None, initial: int) -> tqdm:
     return tqdm(total=total, initial=initial, desc="updates", unit="update", dynamic_ncols=True)
 
 
+def turn_policy_tokens(traj: Trajectory) -> list[int]:
+    """Policy tokens per reply: the segments that follow each other without environment tokens between.
+
+    A weight update inside a reply splits it into segments that touch; a tool observation between two
+    replies leaves a gap. ``[]`` for a trajectory without policy tokens.
+    """
+    out: list[int] = []
+    for k, seg in enumerate(traj.segments):
+        if k and seg.start == traj.segments[k - 1].end:
+            out[-1] += seg.num_tokens
+        else:
+            out.append(seg.num_tokens)
+    return out
+
+
 def consumed_record(traj: Trajectory, version: int) -> dict[str, Any]:
     """One line of ``staleness.jsonl``: a trajectory's staleness when the learner at ``version`` used it.
 
-    With its lengths (``policy_tokens``, ``tokens``: the whole sequence), the versions at its start and
-    completion and its start and completion ``time.time()`` (seconds), from which ``agentenv simulate
-    --from-run`` measures episode durations.
+    With its lengths (``policy_tokens``, ``turn_policy_tokens``: per reply, ``tokens``: the whole
+    sequence), the versions at its start and completion and its start and completion ``time.time()``
+    (seconds), from which ``agentenv simulate --from-run`` replays the run.
     """
     return {
         "id": traj.id, "task_id": traj.task_id, "version": version, "reward": traj.reward,
@@ -303,6 +318,7 @@ def consumed_record(traj: Trajectory, version: int) -> dict[str, Any]:
         "segments": len(traj.segments), "policy_tokens": traj.num_policy_tokens,
         "turns": traj.info.get("turns"), "tool_calls": traj.info.get("tool_calls"),
         "truncation": traj.info.get("truncation"),
+        "turn_policy_tokens": turn_policy_tokens(traj),
         "tokens": len(traj.token_ids), "start_version": traj.start_version,
         "completion_version": traj.completion_version, "start_time": traj.start_time,
         "completion_time": traj.completion_time,

@@ -62,6 +62,17 @@ def test_measure_run_reads_the_folder(tmp_path):
     assert measure_run(write_run(tmp_path, "z", latency=(0.0, 0.0))).tool_latency_mean_s == 0.0
 
 
+def test_measure_run_reads_the_split_per_turn_where_recorded(tmp_path):
+    d = write_run(tmp_path, "r")
+    lines = [json.loads(x) for x in (d / "staleness.jsonl").read_text().splitlines()]
+    for rec, split in zip(lines, ([50, 10], [60, 10], [50], [70, 10]), strict=True):
+        rec["turn_policy_tokens"] = split
+    (d / "staleness.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    m = measure_run(d)
+    assert m.episodes.turn_tokens == ((50, 10), (60, 10), (50,), (70, 10))
+    assert list(m.episodes.turns) == [2, 2, 1, 2]
+
+
 def test_measure_run_errors_name_what_is_missing(tmp_path):
     d = write_run(tmp_path, "r")
     (d / "decisions.jsonl").unlink()

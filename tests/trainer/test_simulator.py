@@ -262,3 +262,21 @@ def test_hand_computed_step_overhead():
     assert r.sim_time_s == pytest.approx(31.0) and r.updates == 3
     np.testing.assert_allclose(r.ws, [0.0, 1.0, 1.0])
     assert simulate(replace(cfg, step_overhead_s=0.0)).sim_time_s == pytest.approx(24.0)
+
+
+def test_episode_sample_with_a_measured_split_per_turn():
+    sample = EpisodeSample(np.array([60, 12]), np.array([2, 1]), ((50, 10), (12,)))
+    cfg = replace(BASE, policy="none", concurrency=8, num_trajectories=100, tool_latency_mean_s=0.0, train_step_s=1e6)
+    sim = _Sim(cfg, keep_decisions=False, episodes=sample)
+    sim.run()
+    replies = set()
+    for t in sim.pool.trajectories:
+        per_turn = [0]
+        for k, s in enumerate(t.segments):
+            if k and s.start != t.segments[k - 1].end:
+                per_turn.append(0)
+            per_turn[-1] += s.num_tokens
+        replies.add(tuple(per_turn))
+    assert replies == {(50, 10), (12,)}
+    with pytest.raises(ConfigError):
+        EpisodeSample(np.array([60]), np.array([2]), ((50, 9),))  # does not add up

@@ -51,3 +51,14 @@ def test_the_consumed_record_carries_what_the_simulator_replays():
     assert rec["completion_time"] - rec["start_time"] == 12.5
     assert rec["tokens"] == len(traj.token_ids) and rec["policy_tokens"] == sum(traj.loss_mask)
     assert rec["ws"] == 1  # consumed at 5, completed at 4
+
+
+def test_turn_policy_tokens_join_the_segments_of_one_reply():
+    from agentenv.trajectory import Segment, Trajectory
+
+    # reply 1: tokens 10-25, split by a weight update at 20; an observation 25-40; reply 2: 40-48
+    segs = [Segment(10, 20, 0, 0), Segment(20, 25, 1, 0), Segment(40, 48, 1, 1)]
+    traj = Trajectory(token_ids=[0] * 48, loss_mask=[0] * 10 + [1] * 15 + [0] * 15 + [1] * 8,
+                      behaviour_logprobs=[0.0] * 48, segments=segs, prompt_length=10)
+    assert setup.turn_policy_tokens(traj) == [15, 8]
+    assert setup.consumed_record(traj, 1)["turn_policy_tokens"] == [15, 8]

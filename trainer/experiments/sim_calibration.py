@@ -7,8 +7,9 @@ lengths, versions and start and completion times (``staleness.jsonl``), every se
 
 What is read off the runs and what is fitted:
 
-- **Read per run**: the episode lengths (policy tokens and turns of the consumed trajectories, drawn
-  with replacement: :class:`~agentenv.trainer.experiments.simulator.EpisodeSample`), the share of
+- **Read per run**: the episode lengths (policy tokens per turn of the consumed trajectories, drawn
+  with replacement: :class:`~agentenv.trainer.experiments.simulator.EpisodeSample`; split evenly over
+  the turns for a run whose records lack ``turn_policy_tokens``), the share of
   batches without a step, the loop's seconds per step outside the batch wait and the learner (the
   sampling check, the logs), the tool latency (``env.step_latency``: lognormal, mean = median x
   exp(sigma^2 / 2)) and the pool's settings.
@@ -137,6 +138,20 @@ def _jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def _episodes(consumed: list[dict[str, Any]]) -> EpisodeSample:
+    """The consumed trajectories' lengths per turn.
+
+    Split as measured where every record has ``turn_policy_tokens`` (policy tokens per reply), else
+    evenly over each trajectory's turns.
+    """
+    split = [r.get("turn_policy_tokens") for r in consumed]
+    if all(split):
+        return EpisodeSample(np.array([sum(t) for t in split]), np.array([len(t) for t in split]),
+                             tuple(tuple(int(n) for n in t) for t in split))
+    return EpisodeSample(np.array([max(1, r["policy_tokens"]) for r in consumed]),
+                         np.array([max(1, r["turns"] or 1) for r in consumed]))
+
+
 def measure_run(run_dir: str | Path) -> RunMeasurement:
     """Read a training run's folder into a :class:`RunMeasurement`.
 
@@ -172,8 +187,7 @@ def measure_run(run_dir: str | Path) -> RunMeasurement:
         target_occupancy=stale.get("target_occupancy"),
         tool_latency_mean_s=median * math.exp(sigma**2 / 2), tool_latency_sigma=sigma,
         prompt_tokens=max(1, int(statistics.median(r["tokens"] - r["policy_tokens"] for r in consumed))),
-        episodes=EpisodeSample(np.array([max(1, r["policy_tokens"]) for r in consumed]),
-                               np.array([max(1, r["turns"] or 1) for r in consumed])),
+        episodes=_episodes(consumed),
         batches=len(rows), steps=int(last["learner/version"]), wall_s=float(last["busy/wall_s"]),
         learner_s=float(last["busy/learner_s"]),
         overhead_s=float(last["busy/wall_s"]) - waited - float(last["busy/learner_s"]),

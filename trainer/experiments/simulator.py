@@ -183,14 +183,18 @@ class EpisodeSample:
 
     Attributes:
         policy_tokens: ``[n]`` policy tokens per episode (int >= 1).
-        turns: ``[n]`` turns per episode (int >= 1); an episode's tokens are split evenly over them.
+        turns: ``[n]`` turns per episode (int >= 1); an episode's tokens are split evenly over them
+            unless ``turn_tokens`` gives the split.
+        turn_tokens: Per episode, its policy tokens per turn (summing to ``policy_tokens``, one entry
+            per turn), or None.
 
     Raises:
-        ConfigError: Empty, of different lengths, or a value below 1.
+        ConfigError: Empty, of different lengths, a value below 1, or a split that does not add up.
     """
 
     policy_tokens: np.ndarray
     turns: np.ndarray
+    turn_tokens: tuple[tuple[int, ...], ...] | None = None
 
     def __post_init__(self) -> None:
         tokens, turns = np.asarray(self.policy_tokens), np.asarray(self.turns)
@@ -199,12 +203,29 @@ class EpisodeSample:
                               f"got {tokens.shape} and {turns.shape}")
         if tokens.min() < 1 or turns.min() < 1:
             raise ConfigError("an episode sample's policy tokens and turns must be >= 1")
+        if self.turn_tokens is not None and (
+            len(self.turn_tokens) != tokens.size
+            or any(sum(t) != n or len(t) != k or min(t) < 0
+                   for t, n, k in zip(self.turn_tokens, tokens, turns, strict=True))
+        ):
+            raise ConfigError("an episode sample's turn_tokens must give every episode's tokens per turn")
 
-    def draw(self, rng: np.random.Generator) -> tuple[int, int]:
-        """One episode's ``(policy tokens, turns)``, turns capped at the tokens (one token per turn at least)."""
+    def draw(self, rng: np.random.Generator) -> list[int]:
+        """One episode's policy tokens per turn.
+
+        The measured split, else its tokens split evenly over its turns (at most one turn per token).
+        """
         i = int(rng.integers(len(self.policy_tokens)))
-        total = int(self.policy_tokens[i])
-        return total, min(total, int(self.turns[i]))
+        if self.turn_tokens is not None:
+            return list(self.turn_tokens[i])
+        return even_split(int(self.policy_tokens[i]), int(self.turns[i]))
+
+
+def even_split(total: int, turns: int) -> list[int]:
+    """``total`` tokens over ``min(turns, total)`` turns, the first ones one token longer where it does not divide."""
+    turns = min(total, turns)
+    base, extra = divmod(total, turns)
+    return [base + (1 if i < extra else 0) for i in range(turns)]
 
 
 @dataclass
@@ -375,14 +396,12 @@ class _Sim:
         else:
             task, self.next_task = f"task-{self.next_task}", self.next_task + 1
         if self.sample is not None:
-            total, n_turns = self.sample.draw(rng)
+            turns = self.sample.draw(rng)
         else:
             mu = math.log(cfg.tokens_mean) - cfg.tokens_sigma**2 / 2
             drawn = rng.lognormal(mu, cfg.tokens_sigma) if cfg.tokens_sigma else cfg.tokens_mean
             total = int(min(cfg.tokens_max, max(1.0, drawn)))
-            n_turns = min(total, 1 + int(rng.poisson(cfg.turns_mean - 1)))
-        base, extra = divmod(total, n_turns)
-        turns = [base + (1 if i < extra else 0) for i in range(n_turns)]
+            turns = even_split(total, 1 + int(rng.poisson(cfg.turns_mean - 1)))
         sens = float(rng.lognormal(0.0, cfg.drift_noise_sigma)) if cfg.drift_noise_sigma else 1.0
         self.episodes[slot] = _Episode(task, turns, self.version, self.now, sens)
         self.start_turn(slot)
