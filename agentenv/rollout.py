@@ -155,6 +155,14 @@ class RolloutConfig:
                 f"rollout.on_prefix_violation must be 'append' or 'split', got {self.on_prefix_violation!r}"
             )
 
+    @property
+    def policy_token_budget(self) -> int:
+        """The most policy tokens one trajectory can hold (tokens).
+
+        ``min(max_turns * max_new_tokens_per_turn, max_total_tokens)``: every reply counts against both budgets.
+        """
+        return min(self.max_turns * self.max_new_tokens_per_turn, self.max_total_tokens)
+
 
 #: Turn endings that are token-budget cuts: the reply stopped before its end-of-turn token.
 TOKEN_BUDGET_ENDINGS = frozenset({"max_new_tokens_per_turn", "max_total_tokens", "context"})

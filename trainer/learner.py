@@ -319,7 +319,8 @@ class Learner:
             )
         self.optimizer.zero_grad(set_to_none=True)
         return update_stats(batch, stats, version=self.version, stepped=stepped, grad_norm=grad_norm, lr=lr,
-                            seconds=time.perf_counter() - t0, extra=ratio_tail(log_ratios))
+                            seconds=time.perf_counter() - t0,
+                            extra=ratio_tail(log_ratios, self.objective.is_truncation))
 
     # -- checkpoints ------------------------------------------------------------------------------
     def save(

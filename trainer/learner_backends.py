@@ -23,6 +23,7 @@ The DeepSpeed backends build the DeepSpeed batch geometry from the recipe: ``tra
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import logging
 import os
@@ -33,9 +34,10 @@ import torch
 from agentenv.engines.sampling import SamplingTransform
 from agentenv.errors import ConfigError
 from agentenv.trainer.config import TrainConfig
+from agentenv.trainer.learner_config import ObjectiveConfig
 from agentenv.trainer.learner_contract import PolicyLearner
 
-__all__ = ["build_learner", "backend_config", "sampling_transform"]
+__all__ = ["build_learner", "backend_config", "learner_objective", "sampling_transform"]
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +69,18 @@ def sampling_transform(cfg: TrainConfig) -> SamplingTransform:
     return SamplingTransform(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k)
 
 
+def learner_objective(cfg: TrainConfig) -> ObjectiveConfig:
+    """``cfg.objective`` as the learner runs it, with every value derived from the rest of the config.
+
+    Under ``loss_aggregation: constant`` without a ``loss_constant``, the constant is the rollout's
+    policy-token budget per trajectory (:attr:`agentenv.rollout.RolloutConfig.policy_token_budget`, tokens).
+    """
+    obj = cfg.objective
+    if obj.loss_aggregation == "constant" and obj.loss_constant is None:
+        return dataclasses.replace(obj, loss_constant=cfg.rollout.policy_token_budget)
+    return obj
+
+
 def build_learner(cfg: TrainConfig, model: torch.nn.Module, *, warmed_up: bool = False) -> PolicyLearner:
     """The learner ``cfg.learner`` names, on ``model`` (policy version 0).
 
@@ -92,7 +106,7 @@ def build_learner(cfg: TrainConfig, model: torch.nn.Module, *, warmed_up: bool =
 
             add_lora(model, rank=cfg.learner.lora_rank, alpha=cfg.learner.lora_alpha,
                      targets=cfg.learner.lora_target_modules)
-        return Learner(model, cfg.optim, objective=cfg.objective, execution=cfg.learner,
+        return Learner(model, cfg.optim, objective=learner_objective(cfg), execution=cfg.learner,
                        sampling=sampling_transform(cfg), total_steps=cfg.run.updates)
     if backend == "openrlhf":
         from agentenv.trainer.openrlhf_backend import OpenRLHFLearner
@@ -100,8 +114,8 @@ def build_learner(cfg: TrainConfig, model: torch.nn.Module, *, warmed_up: bool =
         # DeepSpeed takes over (and may cast or partition) the module it is given: hand it its own
         # copy, so ``model`` stays a plain module the caller can copy for the generation engine.
         return OpenRLHFLearner(
-            copy.deepcopy(model), cfg.optim, backend_config(cfg), objective=cfg.objective, execution=cfg.learner,
-            sampling=sampling_transform(cfg),
+            copy.deepcopy(model), cfg.optim, backend_config(cfg), objective=learner_objective(cfg),
+            execution=cfg.learner, sampling=sampling_transform(cfg),
             total_steps=cfg.run.updates,
         )
     return _ray_group(cfg, model, warmed_up=warmed_up)
@@ -136,7 +150,8 @@ def _ray_group(cfg: TrainConfig, model: torch.nn.Module, *, warmed_up: bool) -> 
         factory, cfg.optim, backend_config(cfg), world_size=cfg.learner.world_size,
         num_gpus_per_actor=gpus,
         master_addr="127.0.0.1" if address is None else None,
-        sampling=sampling_transform(cfg), total_steps=cfg.run.updates, objective=cfg.objective, execution=cfg.learner,
+        sampling=sampling_transform(cfg), total_steps=cfg.run.updates, objective=learner_objective(cfg),
+        execution=cfg.learner,
     )
 
 

@@ -16,7 +16,7 @@ from typing import ClassVar, Literal
 from agentenv.errors import ConfigError
 from agentenv.trainer.logprob_chunks import DEFAULT_CHUNK_TOKENS
 from agentenv.trainer.lr_schedule import SCHEDULES
-from agentenv.trainer.objectives import _check_fraction
+from agentenv.trainer.objectives import _check_fraction, check_is_truncation, check_loss_constant
 from agentenv.trainer.trust_gate import check_delta, check_gate
 
 GRPO_CLIP_EPS_NOTE = "the constant 0.2 of PPO and GRPO (trainer/objectives.py, grpo_loss)"
@@ -110,9 +110,22 @@ class ObjectiveConfig:
             share of rows with an admitted token, ``learner/admitted_token_fraction`` the share of
             policy tokens admitted (``agentenv study gate_under_lag``).
         loss_aggregation: FlashREINFORCE only: ``"sample_mean"`` (the method: each trajectory's tokens
-            averaged over its ``T_i``, then over B) or ``"token_mean"`` (every policy token of the
-            batch weighs ``1/N``; the ablation, ``agentenv study sample_vs_token_mean``). GRPO is
-            always token-mean.
+            averaged over its ``T_i``, then over B), ``"token_mean"`` (every policy token of the
+            batch weighs ``1/N``; the ablation, ``agentenv study sample_vs_token_mean``) or
+            ``"constant"`` (each trajectory's token sum divided by one constant ``K =
+            loss_constant`` instead of its ``T_i``, then averaged over B, so a long failed trajectory
+            is not down-weighted per token; ``agentenv study loss_normaliser``). GRPO is always
+            token-mean (``"constant"`` is refused there).
+        loss_constant: ``K``, the constant normaliser of ``loss_aggregation: constant`` (policy tokens,
+            > 0). None (the default): the rollout's policy-token budget per trajectory,
+            ``min(rollout.max_turns * rollout.max_new_tokens_per_turn, rollout.max_total_tokens)``
+            (:attr:`agentenv.rollout.RolloutConfig.policy_token_budget`), filled in when the learner
+            is built. Setting it with another aggregation is a config error.
+        is_truncation: FlashREINFORCE only: truncated importance sampling (unrelated to ``truncation``,
+            which treats trajectories cut by a token budget). ``C > 0``: the per-token
+            importance ratio ``rho = pi_theta / mu`` is replaced by ``min(rho, C)`` in the loss (still
+            detached); ``learner/rho_truncated_fraction`` logs the share of policy tokens whose ratio
+            exceeded ``C``. None (the default): off.
         entropy_keep_fraction: FlashREINFORCE negative-token entropy filter ``q`` in [0, 1]; None off.
         advantage_clip_negative: Replace each advantage by ``max(A_i, 0)`` after the baseline
             (FlashREINFORCE's batch mean or GRPO's group normalisation): failed trajectories then carry
@@ -135,7 +148,9 @@ class ObjectiveConfig:
     name: Literal["flash_reinforce", "grpo"] = "flash_reinforce"
     delta: float = 1e-3
     gate: Literal["sequence", "token", "none"] = "sequence"
-    loss_aggregation: Literal["sample_mean", "token_mean"] = "sample_mean"
+    loss_aggregation: Literal["sample_mean", "token_mean", "constant"] = "sample_mean"
+    loss_constant: int | None = None
+    is_truncation: float | None = None
     entropy_keep_fraction: float | None = None
     advantage_clip_negative: bool = False
     truncation: Literal["keep", "mask", "penalty"] = "keep"
@@ -146,9 +161,15 @@ class ObjectiveConfig:
         if self.name not in ("flash_reinforce", "grpo"):
             raise ConfigError(f"objective.name must be 'flash_reinforce' or 'grpo', got {self.name!r}")
         check_gate(self.gate, "objective.gate")
-        if self.loss_aggregation not in ("sample_mean", "token_mean"):
-            raise ConfigError(f"objective.loss_aggregation must be 'sample_mean' or 'token_mean', "
+        if self.loss_aggregation not in ("sample_mean", "token_mean", "constant"):
+            raise ConfigError(f"objective.loss_aggregation must be 'sample_mean', 'token_mean' or 'constant', "
                               f"got {self.loss_aggregation!r}")
+        check_loss_constant(self.loss_constant, "objective.loss_constant")
+        if self.loss_constant is not None and self.loss_aggregation != "constant":
+            raise ConfigError(f"objective.loss_constant={self.loss_constant} is the normaliser of "
+                              f"objective.loss_aggregation=constant, not of {self.loss_aggregation!r}: set "
+                              "loss_aggregation=constant or leave loss_constant null")
+        check_is_truncation(self.is_truncation, "objective.is_truncation")
         if self.truncation not in ("keep", "mask", "penalty"):
             raise ConfigError(f"objective.truncation must be 'keep', 'mask' or 'penalty', got {self.truncation!r}")
         if not (math.isfinite(self.truncation_penalty) and self.truncation_penalty >= 0):
@@ -161,6 +182,12 @@ class ObjectiveConfig:
             if self.gate != "sequence":
                 raise ConfigError(f"objective.gate {self.gate!r} is FlashREINFORCE's trust gate; GRPO has none "
                                   "(leave objective.gate at 'sequence')")
+            if self.is_truncation is not None:
+                raise ConfigError("objective.is_truncation caps FlashREINFORCE's detached importance ratio; GRPO "
+                                  "clips its own ratio (leave objective.is_truncation null)")
+            if self.loss_aggregation == "constant":
+                raise ConfigError("objective.loss_aggregation 'constant' is a FlashREINFORCE normaliser; GRPO is "
+                                  "always token-mean")
             if self.truncation == "mask":
                 raise ConfigError("objective.truncation 'mask' is defined for FlashREINFORCE's batch baseline "
                                   "only; with grpo use 'keep' or 'penalty'")

@@ -40,6 +40,8 @@ from agentenv.trainer.work_dtype import as_work_float, work_dtype
 __all__ = [
     "ObjectiveOutput",
     "ObjectiveStats",
+    "check_is_truncation",
+    "check_loss_constant",
     "entropy_filter_mask",
     "flash_reinforce_loss",
     "grpo_loss",
@@ -57,6 +59,20 @@ LOGPROB_TOL = 1e-4
 def _check_fraction(q: float) -> None:
     if not (isinstance(q, (int, float)) and 0.0 <= q <= 1.0):
         raise ConfigError(f"entropy keep fraction must lie in [0, 1], got {q!r}")
+
+
+def check_is_truncation(c: float | None, field: str = "is_truncation") -> None:
+    """Raise :class:`ConfigError` naming ``field`` unless ``c`` is None or a number > 0 (inf allowed)."""
+    if c is not None and not (isinstance(c, (int, float)) and not isinstance(c, bool) and c > 0):
+        raise ConfigError(f"{field} (the importance ratio's cap C) must be a number > 0 or null (off), got {c!r}")
+
+
+def check_loss_constant(c: float | None, field: str = "loss_constant") -> None:
+    """Raise :class:`ConfigError` naming ``field`` unless ``c`` is None or a finite number > 0 (tokens)."""
+    if c is not None and not (isinstance(c, (int, float)) and not isinstance(c, bool) and math.isfinite(c)
+                              and c > 0):
+        raise ConfigError(f"{field} (the constant normaliser, in policy tokens) must be a finite number > 0 "
+                          f"or null, got {c!r}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -77,11 +93,12 @@ class ObjectiveStats:
         tokens: Policy tokens seen (sum of T_i over the rows here).
         kept_tokens: Policy tokens that carry gradient (after gate and entropy filter).
         d_sum: Sum over rows of the gate statistic D_i (nats).
-        rho_sum: Sum over policy tokens of rho = pi_theta / mu.
+        rho_sum: Sum over policy tokens of rho = pi_theta / mu (before any truncation).
         adv_sum / adv_sq_sum: Sum and sum of squares of the rows' advantages.
         loss_sum: This call's loss value (a partial sum of the full-batch loss).
         surrogate_sum: Partial sum of the importance-weighted surrogate
-            ``L_surr = -(1/B) sum_i m_i (A_i/T_i) sum_t rho_it`` (FlashREINFORCE; 0 for GRPO).
+            ``L_surr = -(1/B) sum_i m_i (A_i/T_i) sum_t rho_it`` (FlashREINFORCE, with the loss's
+            normaliser and truncated ratio; 0 for GRPO).
         clipped_tokens: Tokens whose PPO ratio was clipped (GRPO; 0 for FlashREINFORCE).
         behaviour_nll_sum: Sum over policy tokens of ``-log mu(a_t)``; divided by tokens it is a
             sample estimate of the behaviour policy's entropy (nats/token).
@@ -245,6 +262,8 @@ def flash_reinforce_loss(
     total_tokens: int | None = None,
     gate: str = "sequence",
     token_admitted: torch.Tensor | None = None,
+    is_truncation: float | None = None,
+    loss_constant: float | None = None,
 ) -> ObjectiveOutput:
     """FlashREINFORCE sample-mean loss with the sequence-level Bernoulli-KL trust gate (docs/algorithms.md).
 
@@ -261,6 +280,18 @@ def flash_reinforce_loss(
     Optional token-mean aggregation (``total_tokens = N``, the global batch's policy tokens): the
     per-row coefficient ``A_i / (B T_i)`` becomes ``A_i / N`` (DAPO's token-level loss, arXiv
     2503.14476 sec. 3.3), so long trajectories weigh more; the ablation of the sample mean.
+
+    Optional constant normaliser (``loss_constant = K``, policy tokens): every row's token sum is
+    divided by the same ``K`` instead of its own ``T_i``, then averaged over B:
+    ``L = -(1/B) sum_i m_i (A_i / K) sum_t rho_it log pi_theta(a_it)``, gradient
+    ``-m_i A_i rho_it / (B K)`` per token, so a row's total weight grows with ``T_i`` (a long failed
+    trajectory is pushed down in proportion to its length, not by the same total as a short one).
+    Each row's coefficient depends only on global constants, so any split gives the same gradient.
+
+    Optional truncated importance sampling (``is_truncation = C > 0``): ``rho_it`` is replaced by
+    ``min(rho_it, C)`` in the loss (still detached), which bounds every token's weight by ``C``
+    times the on-policy one; ``C = inf`` changes nothing. The stats' ``rho_sum`` stays the ratio
+    before truncation.
 
     Gate choice (``gate``, :func:`trust_gate`): ``"sequence"`` is the method above; ``"token"``
     replaces ``m_i`` by the token-local ``m_it = 1[d_it <= delta]`` (denominator still ``T_i``:
@@ -290,6 +321,10 @@ def flash_reinforce_loss(
         token_admitted: ``(b, t)`` bool precomputed token-gate decision ``m_it`` (``gate="token"``
             with a precomputed ``admitted``, which then says which rows have an admitted token);
             required in that case, ignored otherwise.
+        is_truncation: C > 0, the cap of the importance ratio in the loss (truncated importance
+            sampling), or None (off).
+        loss_constant: K > 0 (policy tokens), the constant normaliser replacing each row's ``T_i``,
+            or None (sample mean, or token mean with ``total_tokens``).
 
     Returns:
         :class:`ObjectiveOutput` (loss scalar in the working dtype).
@@ -299,10 +334,15 @@ def flash_reinforce_loss(
             policy position of either log-probability, shape mismatch, ``lengths != mask.sum(1)``,
             ``batch_size < b``, a non-finite advantage, ``total_tokens`` below this call's tokens.
         ConfigError (a ValueError): negative delta, fraction outside [0, 1], filter without entropies,
-            an unknown gate, ``gate="token"`` with ``admitted`` but no ``token_admitted``.
+            an unknown gate, ``gate="token"`` with ``admitted`` but no ``token_admitted``, ``is_truncation``
+            not > 0, ``loss_constant`` not > 0, or both ``loss_constant`` and ``total_tokens``.
     """
     check_delta(delta)
     check_gate(gate)
+    check_is_truncation(is_truncation)
+    check_loss_constant(loss_constant)
+    if loss_constant is not None and total_tokens is not None:
+        raise ConfigError("give one normaliser: loss_constant (constant) or total_tokens (token mean), not both")
     if entropy_keep_fraction is not None:
         _check_fraction(entropy_keep_fraction)
         if entropies is None:
@@ -334,6 +374,7 @@ def flash_reinforce_loss(
 
     log_ratio = (lq.detach() - lp).clamp(-RHO_LOG_CLAMP, RHO_LOG_CLAMP)
     rho = torch.where(mask, log_ratio.exp(), zero)
+    rho_loss = rho if is_truncation is None else rho.clamp(max=is_truncation)  # min(rho, C)
 
     token_mask = mask
     if entropy_keep_fraction is not None:
@@ -343,14 +384,17 @@ def flash_reinforce_loss(
     if gate_tokens is not None:  # the token gate: m_it on top of the row coefficient (rows with no m_it = 1 are 0)
         token_mask = token_mask & gate_tokens
 
-    # Per-row coefficient m_i A_i / (B T_i) (token-mean: m_i A_i / N); zero for rejected rows.
-    if total_tokens is not None:
+    # Per-row coefficient m_i A_i / (B T_i) (token-mean: m_i A_i / N; constant: m_i A_i / (B K)); zero for
+    # rejected rows.
+    if loss_constant is not None:
+        coef = torch.where(admitted, adv / (loss_constant * batch_size), zero)
+    elif total_tokens is not None:
         if total_tokens < int(mask.sum()):
             raise DataError(f"total_tokens={total_tokens} is below this call's {int(mask.sum())} policy tokens")
         coef = torch.where(admitted, adv / total_tokens, zero)
     else:
         coef = torch.where(admitted, adv / (t_i * batch_size), zero)
-    weights = torch.where(token_mask, rho * coef.unsqueeze(1), zero)
+    weights = torch.where(token_mask, rho_loss * coef.unsqueeze(1), zero)
     loss = -(weights * lq).sum()
     surrogate = -(weights.sum())
 

@@ -284,7 +284,7 @@ class OpenRLHFLearner:
             extra={
                 "perf/deepspeed_micro_steps": float(micro_steps),
                 "perf/dp_world_size": float(self.world_size),
-                **ratio_tail(log_ratios),
+                **ratio_tail(log_ratios, self.objective.is_truncation),
             },
         )
 

@@ -17,11 +17,17 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from agentenv.errors import DataError
+from agentenv.errors import ConfigError, DataError
 from agentenv.rollout import is_token_budget_cut
 from agentenv.trainer.advantages import batch_mean_advantages, group_advantages, masked_batch_mean_advantages
 from agentenv.trainer.batching import PolicyBatch, build_batch
-from agentenv.trainer.objectives import ObjectiveOutput, ObjectiveStats, flash_reinforce_loss, grpo_loss
+from agentenv.trainer.objectives import (
+    RHO_LOG_CLAMP,
+    ObjectiveOutput,
+    ObjectiveStats,
+    flash_reinforce_loss,
+    grpo_loss,
+)
 from agentenv.trainer.trust_gate import trust_gate
 from agentenv.trajectory import Trajectory
 
@@ -216,7 +222,14 @@ def micro_batch_objective(
     Returns:
         :class:`ObjectiveOutput`; call ``loss.backward()`` (scaled as the backend needs) when it
         requires grad.
+
+    Raises:
+        ConfigError: ``loss_aggregation: constant`` without a ``loss_constant`` (a config that did not
+            come through :func:`agentenv.trainer.learner_backends.learner_objective`).
     """
+    if config.loss_aggregation == "constant" and config.loss_constant is None:
+        raise ConfigError("objective.loss_aggregation=constant needs objective.loss_constant; the trainer fills "
+                          "in the rollout's policy-token budget (learner_backends.learner_objective)")
     if config.name == "grpo":
         out = grpo_loss(
             logprobs, mb.behaviour_logprobs, mb.loss_mask, mb.advantages, mb.lengths, batch.global_tokens,
@@ -231,6 +244,7 @@ def micro_batch_objective(
             row_ids=mb.ids,
             total_tokens=batch.global_tokens if config.loss_aggregation == "token_mean" else None,
             gate=config.gate, token_admitted=mb.gate_mask if admitted is not None else None,
+            is_truncation=config.is_truncation, loss_constant=config.loss_constant,
         )
     mask = mb.loss_mask.to(entropies.device)
     stats = replace(out.stats, entropy_sum=float(entropies.detach()[mask].double().sum()),
@@ -249,23 +263,35 @@ def policy_log_ratios(logprobs: torch.Tensor, batch: PolicyBatch) -> torch.Tenso
     return (logprobs.detach().float() - batch.behaviour_logprobs.to(logprobs.device))[mask].cpu()
 
 
-def ratio_tail(log_ratios: Sequence[torch.Tensor]) -> dict[str, float]:
+def ratio_tail(log_ratios: Sequence[torch.Tensor], is_truncation: float | None = None) -> dict[str, float]:
     """The tail of the importance ratio ``rho = pi / mu`` over the given policy tokens.
 
+    Args:
+        log_ratios: ``log pi - log mu`` per scored policy token (nats; 1-d tensors, from
+            :func:`policy_log_ratios`).
+        is_truncation: ``objective.is_truncation`` (C), or None: with C, also the share of these tokens
+            whose ratio the loss truncated, ``rho > C`` with ``rho = exp(clamp(log ratio, -30, 30))``
+            as in the loss.
+
     Returns:
-        ``{"gate/rho_p99": ..., "gate/rho_max": ..., "gate/rho_min": ...}`` (ratios, not logs; the
-        99th percentile by linear interpolation), or ``{}`` when no token was scored (a skipped or
+        ``{"gate/rho_p99": ..., "gate/rho_max": ..., "gate/rho_min": ...}`` (ratios, not logs, before
+        truncation; the 99th percentile by linear interpolation) and, with ``is_truncation``,
+        ``"gate/rho_truncated_fraction"`` (in [0, 1]); ``{}`` when no token was scored (a skipped or
         zero-advantage batch).
     """
     values = torch.cat(list(log_ratios)) if log_ratios else torch.zeros(0)
     if values.numel() == 0:
         return {}
     values = values.double()
-    return {
+    tail = {
         "gate/rho_p99": float(torch.quantile(values, 0.99).exp()),
         "gate/rho_max": float(values.max().exp()),
         "gate/rho_min": float(values.min().exp()),
     }
+    if is_truncation is not None:
+        rho = values.clamp(-RHO_LOG_CLAMP, RHO_LOG_CLAMP).exp()
+        tail["gate/rho_truncated_fraction"] = float((rho > is_truncation).double().mean())
+    return tail
 
 
 def unscored_stats(batch: PolicyBatch) -> ObjectiveStats:

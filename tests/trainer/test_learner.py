@@ -47,10 +47,13 @@ def test_score_matches_unpadded_forward(arch):
         assert s.grad_fn is None and not s.requires_grad
 
 
-def test_gradient_matches_hand_written_loss_and_ignores_micro_batching():
+# the method; the constant normaliser with truncated importance sampling (C = 1.02 caps some of the ratios
+# of on_policy(noise=0.05), checked below)
+@pytest.mark.parametrize("options", [{}, {"loss_aggregation": "constant", "loss_constant": 20, "is_truncation": 1.02}])
+def test_gradient_matches_hand_written_loss_and_ignores_micro_batching(options):
     model = tiny_model(2)
     learner = Learner(model, OptimConfig(),
-                      objective=ObjectiveConfig(delta=10.0),
+                      objective=ObjectiveConfig(delta=10.0, **options),
                       execution=LearnerConfig(micro_batch_size=8))
     trajs = make_trajectories(8, seed=2)
     trajs = on_policy(trajs, learner.score(trajs), noise=0.05)
@@ -59,7 +62,7 @@ def test_gradient_matches_hand_written_loss_and_ignores_micro_batching():
     model.zero_grad()
     rewards = torch.tensor([t.reward for t in trajs])
     adv = rewards - rewards.mean()
-    total = 0.0
+    total, capped = 0.0, 0
     for i, tr in enumerate(trajs):
         ids = torch.tensor([tr.token_ids])
         logits = model(input_ids=ids).logits[0, :-1].float()
@@ -67,8 +70,12 @@ def test_gradient_matches_hand_written_loss_and_ignores_micro_batching():
         m = torch.tensor(tr.loss_mask[1:], dtype=torch.bool)
         blp = torch.tensor(tr.behaviour_logprobs[1:])[m]
         rho = torch.exp(lp[m].detach() - blp)
-        total = total - adv[i] / (len(trajs) * int(m.sum())) * (rho * lp[m]).sum()
+        capped += int((rho > options.get("is_truncation", math.inf)).sum())
+        rho = rho.clamp(max=options.get("is_truncation", math.inf))
+        norm = options.get("loss_constant", int(m.sum()))  # K, or the sample mean's T_i
+        total = total - adv[i] / (len(trajs) * norm) * (rho * lp[m]).sum()
     total.backward()
+    assert (capped > 0) == ("is_truncation" in options)
     for n, p in model.named_parameters():
         torch.testing.assert_close(g8[n], p.grad, rtol=1e-4, atol=1e-7)
     for mbs in (1, 3):

@@ -130,18 +130,20 @@ def test_row_total_gradient_independent_of_length():
     torch.testing.assert_close(lq.grad.sum(1), -adv / 3)
 
 
-def test_microbatch_partial_sums_add_up(cases):
+@pytest.mark.parametrize("options", [{}, {"loss_constant": 7}, {"is_truncation": 1.05},
+                                     {"loss_constant": 7, "is_truncation": 1.05}])
+def test_microbatch_partial_sums_add_up(cases, options):
     case = cases[1]
     lq, lp, mask, rewards = _case_tensors(case)
     adv = batch_mean_advantages(rewards)
-    full = flash_reinforce_loss(lq, lp, mask, adv, mask.sum(1), 3, delta=0.005)
+    full = flash_reinforce_loss(lq, lp, mask, adv, mask.sum(1), 3, delta=0.005, **options)
     full.loss.backward()
     g_full = lq.grad.clone()
     lq.grad = None
     stats = ObjectiveStats()
     total = 0.0
     for sl in (slice(0, 1), slice(1, 3)):
-        out = flash_reinforce_loss(lq[sl], lp[sl], mask[sl], adv[sl], mask[sl].sum(1), 3, delta=0.005)
+        out = flash_reinforce_loss(lq[sl], lp[sl], mask[sl], adv[sl], mask[sl].sum(1), 3, delta=0.005, **options)
         out.loss.backward()
         stats = stats + out.stats
         total += float(out.loss.detach())

@@ -22,6 +22,16 @@ def test_ratio_tail_by_hand():
     assert tail["gate/rho_p99"] == pytest.approx(2.0 ** 0.01, rel=1e-7)  # float32 inputs
     assert tail["gate/rho_max"] == pytest.approx(2.0) and tail["gate/rho_min"] == pytest.approx(0.5)
     assert ratio_tail([]) == {} and ratio_tail([torch.zeros(0)]) == {}
+    assert "gate/rho_truncated_fraction" not in tail  # the option is off
+
+
+def test_ratio_tail_counts_the_truncated_ratios():
+    # ratios 3, 2 (= C: not truncated), 1.5, 0.5 and 100 (log 300 clamped to e^30 first): 2 of 5 above C = 2
+    logs = [torch.tensor([math.log(3.0), math.log(2.0), math.log(1.5)], dtype=torch.float64),
+            torch.tensor([math.log(0.5), 300.0], dtype=torch.float64)]
+    assert ratio_tail(logs, is_truncation=2.0)["gate/rho_truncated_fraction"] == pytest.approx(2 / 5)
+    assert ratio_tail(logs, is_truncation=math.inf)["gate/rho_truncated_fraction"] == 0.0
+    assert ratio_tail(logs, is_truncation=0.1)["gate/rho_truncated_fraction"] == 1.0
 
 
 def test_an_update_logs_the_ratio_tail_of_its_tokens():
@@ -36,6 +46,14 @@ def test_an_update_logs_the_ratio_tail_of_its_tokens():
     assert metrics["gate/rho_max"] == pytest.approx(float(log_ratios.max().exp()), rel=1e-4)
     assert metrics["gate/rho_p99"] == pytest.approx(float(torch.quantile(log_ratios.double(), 0.99).exp()), rel=1e-4)
     assert metrics["gate/rho_p99"] <= metrics["gate/rho_max"]
+    assert "gate/rho_truncated_fraction" not in metrics
+    # truncated importance sampling with C between the two middle ratios: the upper half of the tokens is above it
+    ordered = log_ratios.double().sort().values
+    k = len(ordered) // 2
+    cap = float(((ordered[k - 1] + ordered[k]) / 2).exp())
+    learner = Learner(tiny_model(3), OptimConfig(lr=1e-3), objective=ObjectiveConfig(delta=10.0, is_truncation=cap))
+    fraction = learner.update(trajs).to_metrics()["gate/rho_truncated_fraction"]
+    assert fraction == pytest.approx((len(ordered) - k) / len(ordered))
 
 
 @pytest.mark.parametrize("clip_negative", [False, True])
