@@ -506,3 +506,55 @@ class TrajectoryPool:
             fresh.add_group(trajs[i : i + g])
         self.__dict__.update(fresh.__dict__)
         self.rate, self._step = rate, step
+
+
+# -- rejection by length --------------------------------------------------------------------------
+#: The length bins of :func:`rejection_by_length`, shortest first.
+LENGTH_BINS = ("short", "medium", "long")
+
+
+def length_bin(policy_tokens: int, budget: int) -> str:
+    """The bin of a trajectory of ``T = policy_tokens`` policy tokens, in thirds of ``budget`` (tokens).
+
+    ``short``: ``T <= budget / 3``; ``medium``: ``budget / 3 < T <= 2 budget / 3``; ``long``: above
+    (``budget`` is :attr:`agentenv.rollout.RolloutConfig.policy_token_budget`, the most a trajectory holds).
+
+    Raises:
+        ConfigError: ``budget < 1``.
+    """
+    if budget < 1:
+        raise ConfigError(f"the policy-token budget must be >= 1 token, got {budget}")
+    if 3 * policy_tokens <= budget:
+        return "short"
+    return "medium" if 3 * policy_tokens <= 2 * budget else "long"
+
+
+def rejection_by_length(rejected: Sequence[Trajectory], consumed: Sequence[Trajectory],
+                        budget: int) -> dict[str, float]:
+    """Per length bin, how many of the trajectories that left the pool for one update were rejected.
+
+    A trajectory leaves the pool either rejected by the staleness policy or consumed in the batch,
+    so over a run ``rejected / (rejected + consumed)`` in a bin is the chance that a trajectory of
+    that length was thrown away: a policy that starves long trajectories shows a higher rate in
+    ``long`` than in ``short``.
+
+    Args:
+        rejected: The trajectories rejected while this update's batch was being selected (every
+            selection attempt since the previous batch).
+        consumed: The batch.
+        budget: The policy-token budget per trajectory that sets the bins (:func:`length_bin`).
+
+    Returns:
+        For each bin of :data:`LENGTH_BINS`, ``pool/rejected_by_length/<bin>`` (trajectories) and
+        ``pool/rejected_rate_by_length/<bin>`` = rejected / (rejected + consumed) in the bin, NaN
+        when no trajectory of the bin left the pool.
+    """
+    counts = {name: [0, 0] for name in LENGTH_BINS}  # bin -> [rejected, consumed]
+    for column, trajs in enumerate((rejected, consumed)):
+        for traj in trajs:
+            counts[length_bin(traj.num_policy_tokens, budget)][column] += 1
+    out: dict[str, float] = {}
+    for name, (rej, used) in counts.items():
+        out[f"pool/rejected_by_length/{name}"] = float(rej)
+        out[f"pool/rejected_rate_by_length/{name}"] = rej / (rej + used) if rej + used else math.nan
+    return out

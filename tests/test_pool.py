@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from agentenv.errors import ConfigError, DataError
-from agentenv.pool import TrajectoryPool
+from agentenv.pool import LENGTH_BINS, TrajectoryPool, length_bin, rejection_by_length
 from agentenv.staleness import StalenessConfig
 from agentenv.trajectory import Trajectory
 
@@ -348,3 +348,35 @@ def test_columns_match_trajectory_methods_on_random_pools():
         np.testing.assert_allclose(sel.decision.sel["gs"], [t.generation_staleness() for t in trajs])
         np.testing.assert_allclose(sel.decision.sel["ws"], [t.waiting_staleness(v_now) for t in trajs])
         np.testing.assert_allclose(sel.decision.sel["s_eff"], [check(t) for t in trajs])
+
+
+def test_length_bins_are_thirds_of_the_budget():
+    assert [length_bin(t, 30) for t in (1, 10, 11, 20, 21, 30, 45)] == [
+        "short", "short", "medium", "medium", "long", "long", "long"]
+    assert [length_bin(t, 2) for t in (0, 1, 2)] == ["short", "medium", "long"]  # 1/3 < 1 <= 4/3
+    with pytest.raises(ConfigError, match="policy-token budget"):
+        length_bin(5, 0)
+
+
+def test_rejection_rate_by_length_of_a_hand_made_selection():
+    # max_lag 4 at v_now = 10, B = 4, budget 30 (short <= 10 < medium <= 20 < long policy tokens)
+    pool = TrajectoryPool(StalenessConfig(policy="max_lag", max_lag=4))
+    for t in (make_traj("s_old", 2, [(3, 2)]),               # short, lag 8: rejected
+              make_traj("l_old", 9, [(20, 3), (5, 9)]),      # long (25), oldest token lag 7: rejected
+              make_traj("l_old2", 5, [(28, 5)]),             # long, lag 5: rejected
+              make_traj("m_new", 8, [(15, 8)]),              # medium, lag 2: kept
+              make_traj("s_new", 9, [(4, 9)]),               # short
+              make_traj("s_new2", 10, [(2, 6), (4, 10)]),    # short (6), lag 4 = the cap: kept
+              make_traj("l_new", 9, [(30, 9)])):             # long
+        pool.add(t)
+    sel = pool.select_batch(4, 10)
+    assert [t.id for t in sel.rejected] == ["s_old", "l_old", "l_old2"]
+    assert [t.id for t in sel.batch] == ["m_new", "s_new", "s_new2", "l_new"]
+    m = rejection_by_length(sel.rejected, sel.batch, 30)
+    # short: 1 rejected of 3 that left the pool; medium: 0 of 1; long: 2 of 3
+    assert [m[f"pool/rejected_by_length/{b}"] for b in LENGTH_BINS] == [1, 0, 2]
+    assert [m[f"pool/rejected_rate_by_length/{b}"] for b in LENGTH_BINS] == pytest.approx([1 / 3, 0.0, 2 / 3])
+    # a bin no trajectory left the pool from has no rate
+    m = rejection_by_length([], sel.batch[1:3], 30)
+    assert m["pool/rejected_rate_by_length/short"] == 0.0
+    assert np.isnan(m["pool/rejected_rate_by_length/medium"]) and np.isnan(m["pool/rejected_rate_by_length/long"])

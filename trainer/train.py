@@ -43,7 +43,7 @@ from agentenv.engines.busy import BusyClock, BusyTrackingEngine
 from agentenv.engines.supervised import SupervisedEngine
 from agentenv.faults import FAULTS
 from agentenv.malloc import release_free_heap
-from agentenv.pool import BatchSelection, TrajectoryPool
+from agentenv.pool import BatchSelection, TrajectoryPool, rejection_by_length
 from agentenv.trainer import setup
 from agentenv.trainer.batch_wait import failure_limit, next_batch
 from agentenv.trainer.checkpoint import CheckpointManager
@@ -370,6 +370,7 @@ def _log(run: _Run, logs: _Logs, selection: BatchSelection, stats: UpdateStats, 
     row = setup.update_metrics(run.learner.version, selection, stats, run.pool, run.collector, wait_s, update_s,
                                t_start, consumed_at=consumed_at)
     row["pool/rejected"] = len(logs.rejected_now)
+    row.update(rejection_by_length(logs.rejected_now, selection.batch, run.cfg.rollout.policy_token_budget))
     row.update(run.instruments.figures())  # probe entropy, busy/* since the loop began, faults/*
     if run.sync_gap is not None:
         row["sync/probe_logprob_gap"] = run.sync_gap

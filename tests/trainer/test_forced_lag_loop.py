@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from agentenv.engines.supervised import rebuild_from_learner
+from agentenv.pool import LENGTH_BINS
 from agentenv.trainer import recipe
 from agentenv.trainer import train as train_loop
 from agentenv.trainer.setup import LoopParts
@@ -88,6 +89,11 @@ def test_the_engine_lags_k_versions_and_the_recorded_staleness_shows_it(tmp_path
     assert len(late) == 16 and min(late) >= K
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert all(row["staleness/gs_mean"] + row["staleness/ws_mean"] >= K for row in rows[K:])
+    # policy none rejects nothing: every length bin that a consumed trajectory fell in has rate 0, the others none
+    for row in rows:
+        assert [row[f"pool/rejected_by_length/{b}"] for b in LENGTH_BINS] == [0, 0, 0]
+        rates = [row[f"pool/rejected_rate_by_length/{b}"] for b in LENGTH_BINS]
+        assert set(rates) <= {0.0, None} and 0.0 in rates
 
 
 @pytest.mark.parametrize("gate, delta, share", [("sequence", "100.0", 1.0), ("token", "100.0", 1.0),
