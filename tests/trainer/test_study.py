@@ -139,6 +139,24 @@ def test_the_gate_study_row_reports_the_token_share_and_the_lag(tmp_path):
                              "success_after"]
 
 
+def test_the_normaliser_study_reports_turns_and_the_length_of_late_failures(tmp_path):
+    study = STUDIES["loss_normaliser"]
+    _fake_setting(tmp_path / "a", 0.5, (1.0, 1.0, 1.0))
+    row = study_row(study, "a", tmp_path / "a")
+    assert row["failed_tokens"] is None and row["turns"] is None  # not recorded: n/a
+    lines = (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()
+    _jsonl(tmp_path / "a" / "metrics.jsonl", [{**json.loads(x), "length/turns": t}
+                                             for x, t in zip(lines, (1, 2, 4), strict=True)])
+    # versions 0..6, two trajectories each: a failure of 100 + v tokens and a success of 10 tokens
+    _jsonl(tmp_path / "a" / "staleness.jsonl", [{"gs": 0, "ws": 1, "version": v, **r} for v in range(7) for r in (
+        {"reward": 0.0, "policy_tokens": 100 + v}, {"reward": 1.0, "policy_tokens": 10})])
+    row = study_row(study, "a", tmp_path / "a")
+    assert row["turns"] == round(7 / 3, 4)
+    assert row["failed_tokens"] == 104.0  # the failures of versions 2..6: 102..106 tokens
+    assert list(row)[:8] == ["setting", "failed_tokens", "turns", "truncated", "response_tokens", "success_after",
+                             "success_after_ci95", "tool_calls"]
+
+
 def test_the_length_study_reports_the_truncated_share_and_n_a_for_runs_that_did_not_log_it(tmp_path):
     study = STUDIES["sample_vs_token_mean"]
     _fake_setting(tmp_path / "a", 0.5, (1.0, 1.0, 1.0))
@@ -180,7 +198,7 @@ def test_every_runnable_study_builds_valid_configs_with_equal_budgets(tmp_path):
     runnable = [s for s in STUDIES.values() if not s.not_runnable]
     assert [s.name for s in runnable] == ["one_vs_group", "signed_feedback", "sample_vs_token_mean",
                                           "gate_under_lag", "staleness_wall_clock",
-                                          "staleness_wall_clock_latency", "entropy_filter"]
+                                          "staleness_wall_clock_latency", "loss_normaliser", "entropy_filter"]
     for study in runnable:
         configs = setting_configs(study, tmp_path, quick=False)
         assert len(configs) == len(study.settings) >= 2
@@ -197,8 +215,18 @@ def test_every_runnable_study_builds_valid_configs_with_equal_budgets(tmp_path):
     means = setting_configs(STUDIES["sample_vs_token_mean"], tmp_path, quick=False)
     assert [c.objective.loss_aggregation for _, c in means] == ["sample_mean", "token_mean"]
     gates = setting_configs(STUDIES["gate_under_lag"], tmp_path, quick=False)
-    assert [(s.name, c.objective.gate, c.staleness.forced_lag, c.staleness.policy) for s, c in gates] == [
-        ("sequence_gate", "sequence", 4, "none"), ("token_mask", "token", 4, "none"), ("no_gate", "none", 4, "none")]
+    assert [(s.name, c.objective.gate, c.objective.is_truncation, c.staleness.forced_lag, c.staleness.policy)
+            for s, c in gates] == [
+        ("sequence_gate", "sequence", None, 4, "none"), ("token_mask", "token", None, 4, "none"),
+        ("no_gate", "none", None, 4, "none"), ("no_gate_tis", "none", 2.0, 4, "none")]
+    from agentenv.trainer.learner_backends import learner_objective
+
+    normalisers = setting_configs(STUDIES["loss_normaliser"], tmp_path, quick=False)
+    assert [(c.objective.loss_aggregation, learner_objective(c).loss_constant) for _, c in normalisers] == [
+        ("sample_mean", None), ("constant", 384)]  # min(4 turns x 96 tokens, 512)
+    assert {(c.env.kwargs["max_turns"], c.rollout.max_turns) for _, c in normalisers} == {(4, 4)}
+    quick = setting_configs(STUDIES["loss_normaliser"], tmp_path, quick=True)
+    assert [learner_objective(c).loss_constant for _, c in quick] == [None, 96]  # 4 turns x 24 tokens
     assert [c.objective.gate for _, c in setting_configs(STUDIES["gate_under_lag"], tmp_path, quick=True)] == [
         "sequence", "token"]
     for name, latency in (("staleness_wall_clock", (0.0, 0.0)), ("staleness_wall_clock_latency", (2.0, 1.0))):

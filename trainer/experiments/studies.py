@@ -40,8 +40,13 @@ FIGURES: dict[str, str] = {
     "reward_std": "standard deviation of the training reward over updates (stability)",
     "response_tokens": "policy tokens per trajectory, mean over updates",
     "truncated": "share of trajectories a token budget ended (per turn, total or context), mean over updates",
+    "turns": "assistant turns per trajectory, mean over updates",
+    "failed_tokens": "policy tokens per failed trajectory (reward <= 0), mean over those consumed at the last 5 "
+                     "policy versions",
     "admitted": "gate admission rate (mean over updates of learner/admitted_fraction: rows with an admitted token)",
     "admitted_tokens": "share of policy tokens the gate admits (mean over updates of learner/admitted_token_fraction)",
+    "rho_truncated": "share of policy tokens whose importance ratio objective.is_truncation capped (mean over "
+                     "updates of learner/rho_truncated_fraction; n/a without the option)",
     "mean_d": "mean Bernoulli-KL proxy D over the batch's rows, admitted or not (nats; learner/mean_d)",
     "lag_mean": "mean token-averaged staleness S = GS + WS of consumed trajectories (versions)",
     "gs_mean": "mean generation staleness GS of consumed trajectories (versions)",
@@ -123,10 +128,12 @@ STUDIES: dict[str, Study] = {s.name: s for s in (
           ("response_tokens", "truncated", "tool_calls", "success_after", "tool_calls_after")),
     Study("gate_under_lag",
           "Under a forced policy lag >= 4 the sequence-level gate keeps the train-inference mismatch low "
-          "and the reward stable, against a token-local mask and no gate",
+          "and the reward stable, against a token-local mask, no gate, and no gate with the importance "
+          "ratio truncated at 2",
           (_s("sequence_gate", "objective.gate=sequence"), _s("token_mask", "objective.gate=token"),
-           _s("no_gate", "objective.gate=none")),
-          ("mean_d", "reward_std", "admitted", "admitted_tokens", "lag_mean", "success_after"),
+           _s("no_gate", "objective.gate=none"),
+           _s("no_gate_tis", "objective.gate=none", "objective.is_truncation=2.0")),
+          ("mean_d", "reward_std", "admitted", "admitted_tokens", "lag_mean", "success_after", "rho_truncated"),
           # the engine serves the learner's weights 4 versions late; policy none keeps every lagged trajectory
           extra=("staleness.forced_lag=4", "staleness.policy=none")),
     Study("staleness_wall_clock",
@@ -141,6 +148,17 @@ STUDIES: dict[str, Study] = {s.name: s for s in (
           # every tool step waits a lognormal delay: median 2 s, 99th percentile ~20 s, mean 3.3 s
           # (not the held-out episodes: their success measures the policy, not the tool's speed)
           seconds=WALL_CLOCK_S, extra=("env.step_latency.median_s=2.0", "env.step_latency.sigma=1.0")),
+    Study("loss_normaliser",
+          "Dividing each trajectory by its own length (sample mean) weighs a long failed trajectory's tokens "
+          "less than a short one's; one constant normaliser (AsyncWebRL, arXiv 2606.05597) corrects every "
+          "token alike, so on a multi-turn task failed trajectories get shorter (fewer turns and token-budget "
+          "cuts) without losing held-out success",
+          (_s("sample_mean", "objective.loss_aggregation=sample_mean"),
+           _s("constant", "objective.loss_aggregation=constant")),
+          ("failed_tokens", "turns", "truncated", "response_tokens", "success_after", "tool_calls", "reward_last5"),
+          # up to 4 replies: a failure can be one wrong answer or a run of broken tool calls to the turn limit;
+          # the constant is the policy-token budget per trajectory, min(4 x 96, 512) = 384
+          extra=("env.kwargs.max_turns=4", "rollout.max_turns=4", "rollout.max_total_tokens=512")),
     Study("entropy_filter",
           "Keeping only the ceil(0.9 T) highest-entropy tokens of failed trajectories against no filter",
           (_s("no_filter", "objective.entropy_keep_fraction=null"),

@@ -297,6 +297,17 @@ def _mean(xs: Sequence[float]) -> float | None:
     return round(statistics.fmean(xs), 4) if xs else None
 
 
+def _failed_tokens(records: Sequence[dict[str, Any]], last: int = 5) -> float | None:
+    """Mean policy tokens of the failed (reward <= 0) trajectories consumed at the ``last`` latest versions.
+
+    ``records`` are ``staleness.jsonl`` lines (``version``: the learner's version that consumed the
+    trajectory); None when no such trajectory was recorded (or the run did not record lengths).
+    """
+    records = [r for r in records if r.get("policy_tokens") is not None and r.get("reward") is not None]
+    latest = set(sorted({r["version"] for r in records})[-last:])
+    return _mean([r["policy_tokens"] for r in records if r["version"] in latest and r["reward"] <= 0])
+
+
 def _paired_outcomes(a: dict[str, Any], b: dict[str, Any], what: str) -> tuple[list[float], list[float]]:
     """Two evaluations' per-task outcomes in the same task order (by ``task_ids`` where both have them).
 
@@ -349,6 +360,9 @@ def study_row(study: Study, setting: str, run_dir: Path, reference: Path | None 
         "reward_std": round(statistics.pstdev(rewards), 4) if len(rewards) > 1 else None,
         "response_tokens": _mean([m.get("length/policy_tokens") for m in metrics]),
         "truncated": _mean([m.get("length/truncated") for m in metrics]),  # runs before it was logged: None
+        "turns": _mean([m.get("length/turns") for m in metrics]),
+        "failed_tokens": _failed_tokens(read_jsonl(run_dir / "staleness.jsonl")),
+        "rho_truncated": _mean([m.get("learner/rho_truncated_fraction") for m in metrics]),
         "admitted": _mean([m.get("learner/admitted_fraction") for m in metrics]),
         "admitted_tokens": _mean([m.get("learner/admitted_token_fraction") for m in metrics]),
         "lag_mean": (round(base["gs_mean"] + base["ws_mean"], 3)
