@@ -280,3 +280,17 @@ def test_episode_sample_with_a_measured_split_per_turn():
     assert replies == {(50, 10), (12,)}
     with pytest.raises(ConfigError):
         EpisodeSample(np.array([60]), np.array([2]), ((50, 9),))  # does not add up
+
+
+def test_hand_computed_weight_copy_window():
+    # One slot at 10 tok/s, 100-token episodes, a 4 s step, then 2 s of weight copy: the learner is at
+    # v1 from t = 14, the engine samples v0 until t = 16. Episode 2 (t 10-20): 60 tokens under v0, 40
+    # under v1, completed at v1: GS 0.6 (0.4 when the engine switches at the step's end).
+    cfg = SimConfig(policy="none", batch_size=1, concurrency=1, num_trajectories=10**6, max_batches=2,
+                    tokens_mean=100, tokens_sigma=0.0, turns_mean=1.0, decode_base_s=0.1, decode_per_seq_s=0.0,
+                    train_step_s=4.0, weight_sync_s=0.0, weight_copy_s=2.0)
+    sim = _Sim(cfg, keep_decisions=False)
+    r = sim.run()
+    np.testing.assert_allclose(r.gs, [0.0, 0.6])
+    assert r.sim_time_s == pytest.approx(26.0) and r.trainer_busy == pytest.approx(12 / 26)
+    np.testing.assert_allclose(simulate(replace(cfg, weight_copy_s=0.0)).gs, [0.0, 0.4])

@@ -14,11 +14,15 @@ What is read off the runs and what is fitted:
   sampling check, the logs), the tool latency (``env.step_latency``: lognormal, mean = median x
   exp(sigma^2 / 2)) and the pool's settings.
 - **Read from the fitting runs**: the learner's seconds per step alone, from a synchronous run
-  (nothing decodes while it trains).
-- **Fitted, three numbers**: the decode speed (one scale ``k`` on a fixed step-time shape ``a + b n``,
-  so that the synchronous run's mean episode duration comes out right) and the two slowdowns of shared
+  (nothing decodes while it trains), split into the optimizer step and what follows it (the weights'
+  copy into the engine, the probe), during which the learner's version has moved on and the engine
+  still samples the old weights.
+- **Fitted, four numbers**: the decode speed (one scale ``k`` on a fixed step-time shape ``a + b n``,
+  so that the synchronous run's mean episode duration comes out right), the two slowdowns of shared
   compute (``train_slows_decode`` and ``decode_slows_train``, so that an asynchronous run's mean episode
-  duration and learner seconds per step come out right). Bisection on the simulator itself.
+  duration and learner seconds per step come out right) and how much of the learner's time after a
+  step the engine still samples the old weights (so that the asynchronous run's mean generation
+  staleness comes out right). Bisection on the simulator itself.
 
 Every other run is then a prediction: updates per hour, mean generation and waiting staleness (GS, WS)
 and the rejection rate, each against what the run measured. The step-time shape defaults to the
@@ -71,6 +75,8 @@ class RunMeasurement:
         steps: Optimizer steps taken (the last row's policy version).
         wall_s: Seconds from the start of the update loop to the last row.
         learner_s: Seconds the learner was busy (steps, weight copies into the engine).
+        step_s: Seconds of the optimizer steps themselves (``learner/update_seconds``, summed); the rest
+            of ``learner_s`` is the weights' copy and sync into the engine and the probe after them.
         overhead_s: Seconds of the update loop neither waiting for a batch nor in the learner (the
             sampling check and the logs after each step).
         gs_mean, ws_mean: Mean generation and waiting staleness of the consumed trajectories.
@@ -97,6 +103,7 @@ class RunMeasurement:
     steps: int
     wall_s: float
     learner_s: float
+    step_s: float
     overhead_s: float
     gs_mean: float
     ws_mean: float
@@ -190,6 +197,7 @@ def measure_run(run_dir: str | Path) -> RunMeasurement:
         episodes=_episodes(consumed),
         batches=len(rows), steps=int(last["learner/version"]), wall_s=float(last["busy/wall_s"]),
         learner_s=float(last["busy/learner_s"]),
+        step_s=sum(float(r.get("learner/update_seconds") or 0.0) for r in rows),
         overhead_s=float(last["busy/wall_s"]) - waited - float(last["busy/learner_s"]),
         gs_mean=float(np.mean([r["gs"] for r in consumed])), ws_mean=float(np.mean([r["ws"] for r in consumed])),
         rejected=sum(int(d["rejected_count"]) for d in decisions), consumed=len(consumed),
@@ -204,6 +212,10 @@ class Calibration:
     Attributes:
         decode_base_s, decode_per_seq_s: The decode step time ``a + b n`` (the shape times the fitted scale).
         train_step_s: The learner's seconds per step alone (the synchronous fitting run's).
+        weight_copy_s: The part of the learner's seconds after each step (the synchronous fitting run's
+            copy and sync of the weights into the engine, and the probe after them) during which the
+            engine still samples the old weights; fitted, since the probe runs after the sync. With
+            ``train_step_s`` it makes the learner's measured seconds per step.
         train_slows_decode, decode_slows_train: The shared-compute slowdowns (>= 1).
         fitted_on: Names of the runs the numbers came from.
     """
@@ -211,6 +223,7 @@ class Calibration:
     decode_base_s: float
     decode_per_seq_s: float
     train_step_s: float
+    weight_copy_s: float
     train_slows_decode: float
     decode_slows_train: float
     fitted_on: tuple[str, ...]
@@ -224,6 +237,7 @@ def sim_config(m: RunMeasurement, cal: Calibration, seed: int = 0) -> SimConfig:
         tool_latency_mean_s=m.tool_latency_mean_s, tool_latency_sigma=m.tool_latency_sigma,
         prompt_tokens=m.prompt_tokens, obs_tokens=0, decode_base_s=cal.decode_base_s,
         decode_per_seq_s=cal.decode_per_seq_s, train_step_s=cal.train_step_s, weight_sync_s=0.0,
+        weight_copy_s=cal.weight_copy_s,
         step_overhead_s=m.step_overhead_s,
         max_pool_size=m.max_pool_size, no_step_share=m.no_step_share,
         train_slows_decode=cal.train_slows_decode, decode_slows_train=cal.decode_slows_train,
@@ -242,19 +256,23 @@ def _mean(results: list[SimResult], figure: str) -> float:
     return float(np.mean([r.summary()[figure] for r in results]))
 
 
-def _bisect(f: Any, target: float, lo: float, hi: float, increasing: bool, rel_tol: float = 0.005) -> float:
-    """``x`` in ``[lo, hi]`` with ``f(x)`` nearest ``target`` for monotone ``f``, to a relative ``rel_tol``.
+def _bisect(f: Any, target: float, lo: float, hi: float, increasing: bool, rel_tol: float = 0.005,
+            linear: bool = False) -> float:
+    """``x`` in ``[lo, hi]`` with ``f(x)`` nearest ``target`` for monotone ``f``, to ``rel_tol`` of ``hi``.
 
-    Geometric bisection (the values span orders of magnitude); a target outside ``f``'s range on the
-    interval gives the nearer bound.
+    Geometric bisection (the values span orders of magnitude; ``lo > 0``), or arithmetic with
+    ``linear``; a target outside ``f``'s range on the interval gives the nearer bound.
     """
-    while hi / lo > 1.0 + rel_tol:
-        mid = math.sqrt(lo * hi)
+    def mid_of(a: float, b: float) -> float:
+        return (a + b) / 2 if linear else math.sqrt(a * b)
+
+    while (hi - lo > rel_tol * hi) if linear else (hi / lo > 1.0 + rel_tol):
+        mid = mid_of(lo, hi)
         if (f(mid) < target) == increasing:
             lo = mid
         else:
             hi = mid
-    return math.sqrt(lo * hi)
+    return mid_of(lo, hi)
 
 
 def calibrate(sync_run: RunMeasurement, async_run: RunMeasurement, seeds: int = 8,
@@ -264,8 +282,9 @@ def calibrate(sync_run: RunMeasurement, async_run: RunMeasurement, seeds: int = 
     Args:
         sync_run: A synchronous run: its learner seconds per step are the learner's time alone, and
             the decode scale is fitted to its mean episode duration.
-        async_run: An asynchronous run: the two slowdowns are fitted, in ``rounds`` alternating rounds,
-            to its learner seconds per step and its mean episode duration.
+        async_run: An asynchronous run: the two slowdowns and the window of old weights are fitted, in
+            ``rounds`` alternating rounds, to its learner seconds per step, its mean episode duration
+            and its mean generation staleness.
         seeds: Simulator seeds averaged per evaluation of a candidate.
         shape: The decode step-time shape ``(a, b)`` in seconds; only its ratio matters.
         rounds: Alternating rounds of the two slowdowns' fits (each changes what the other sees).
@@ -276,7 +295,10 @@ def calibrate(sync_run: RunMeasurement, async_run: RunMeasurement, seeds: int = 
     if sync_run.mode != "sync" or async_run.mode == "sync":
         raise ConfigError("calibrate() needs one synchronous run and one asynchronous run")
     a, b = shape
-    cal = Calibration(a, b, sync_run.learner_s_per_step, 1.0, 1.0, (sync_run.name, async_run.name))
+    steps = max(sync_run.steps, 1)
+    step_s = sync_run.step_s / steps if sync_run.step_s > 0 else sync_run.learner_s_per_step
+    cal = Calibration(a, b, step_s, max(0.0, sync_run.learner_s_per_step - step_s), 1.0, 1.0,
+                      (sync_run.name, async_run.name))
 
     def scaled(k: float) -> Calibration:
         return replace(cal, decode_base_s=a * k, decode_per_seq_s=b * k)
@@ -284,9 +306,18 @@ def calibrate(sync_run: RunMeasurement, async_run: RunMeasurement, seeds: int = 
     k = _bisect(lambda k: _mean(replay(sync_run, scaled(k), seeds), "episode_s_mean"), sync_run.episode_s_mean,
                 1e-4, 1e2, increasing=True)
     cal = scaled(k)
+    after_step = cal.weight_copy_s + cal.train_step_s  # the learner's seconds per step, split below
+    cal = replace(cal, train_step_s=after_step, weight_copy_s=0.0)
+
+    def window(w: float) -> Calibration:
+        return replace(cal, train_step_s=after_step - w, weight_copy_s=w)
+
     for _ in range(rounds):
         cal = replace(cal, decode_slows_train=_fit_slowdown(async_run, cal, "decode_slows_train", seeds))
         cal = replace(cal, train_slows_decode=_fit_slowdown(async_run, cal, "train_slows_decode", seeds))
+        w = _bisect(lambda w: _mean(replay(async_run, window(w), seeds), "gs_mean"), async_run.gs_mean,
+                    0.0, after_step - step_s, increasing=True, linear=True) if after_step > step_s else 0.0
+        cal = window(w)
     return cal
 
 

@@ -16,8 +16,10 @@ What is modelled (all times in seconds, lengths in tokens, versions in optimizer
   trains for ``train_step_s``, then the version increments and the weights go to the engine:
   generation pauses ``weight_sync_s`` and every in-flight sequence is interrupted at a token boundary
   and continues under the new version with its KV cache kept (KEEP mode: the new segment's
-  ``prefix_version`` stays the old one). A turn that starts after a tool call recomputes its prefix
-  (``prefix_version == version``), as the engine resets its prefix cache on a version change. A
+  ``prefix_version`` stays the old one). With ``weight_copy_s`` the learner first copies the weights
+  for that long (busy, its version already moved on) while the engine still samples the old ones. A
+  turn that starts after a tool call recomputes its prefix (``prefix_version == version``), as the
+  engine resets its prefix cache on a version change. A
   share ``no_step_share`` of the batches carry no gradient (every reward equal): they take no learner
   time and no version, as in the trainer. After a step the learner takes ``step_overhead_s`` more
   before its next batch (checks and logs), with generation going on.
@@ -103,6 +105,10 @@ class SimConfig:
     """Learner time per optimizer step with the engine idle, seconds."""
     weight_sync_s: float = 0.5
     """Generation pause per weight update, seconds."""
+    weight_copy_s: float = 0.0
+    """Learner seconds after each step before the weight sync (the copy of the weights for the engine),
+    during which the learner's version has moved on and the engine still samples the old weights:
+    episodes completing then count one more version of generation staleness, as in the trainer."""
     step_overhead_s: float = 0.0
     """Seconds after each step (and weight sync) before the learner takes its next batch, generation
     going on meanwhile: checks, logging, checkpoints (in the trainer: the sampling check and the logs)."""
@@ -161,7 +167,8 @@ class SimConfig:
             raise ConfigError(f"tokens_mean must be >= 1 token, got {self.tokens_mean}")
         if self.turns_mean < 1:
             raise ConfigError(f"turns_mean must be >= 1, got {self.turns_mean}")
-        for name in ("tokens_sigma", "tool_latency_mean_s", "tool_latency_sigma", "weight_sync_s", "step_overhead_s",
+        for name in ("tokens_sigma", "tool_latency_mean_s", "tool_latency_sigma", "weight_sync_s", "weight_copy_s",
+                     "step_overhead_s",
                      "drift_scale", "drift_noise_sigma"):
             if not getattr(self, name) >= 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
@@ -345,7 +352,7 @@ class _Sim:
         self.keep_decisions = keep_decisions
         self.now = 0.0
         self.vclock = 0.0  # virtual decoding clock: tokens decoded by every generating sequence
-        self.version = 0  # learner version; the engine loads it at once (decoding pauses weight_sync_s)
+        self.version = 0  # learner version (the engine's follows after weight_copy_s and weight_sync_s)
         self.paused = False
         self.gen: list[tuple[float, int, int]] = []  # (virtual finish, seq, slot) of decoding sequences
         self.events: list[tuple[float, int, str, int]] = []  # (time, seq, kind, slot)
@@ -357,6 +364,8 @@ class _Sim:
         self.training = False
         self.train_left = 0.0  # seconds of the current step still to run, at the learner's own speed
         self.settling = False  # after a step: weight sync and step_overhead_s still to pass
+        self.copying = False  # after a step: the learner copies the weights for the engine (weight_copy_s)
+        self.engine_version = 0  # the version whose weights the engine samples
         self.idle: list[int] = []  # slots held back by max_pool_size
         self.batches = 0
         self.durations: list[float] = []
@@ -409,7 +418,7 @@ class _Sim:
     def start_turn(self, slot: int) -> None:
         ep = self.episodes[slot]
         ep.pieces.append([])
-        ep.version = ep.prefix_version = self.version  # prefix recomputed under the current weights
+        ep.version = ep.prefix_version = self.engine_version  # prefix recomputed under the engine's weights
         ep.piece_start = 0
         ep.v_turn_start = self.vclock
         self.seq += 1
@@ -423,7 +432,7 @@ class _Sim:
             if done > ep.piece_start:
                 ep.pieces[ep.turn].append((done - ep.piece_start, ep.version, ep.prefix_version))
                 ep.piece_start = done
-            ep.version = self.version  # prefix_version stays: the KV cache survived
+            ep.version = self.engine_version  # prefix_version stays: the KV cache survived
 
     def finish_turn(self, slot: int) -> None:
         ep = self.episodes[slot]
@@ -551,8 +560,13 @@ class _Sim:
                 self.try_train()
                 continue
             if t_step <= t_evt:
-                self.training = False
-                self.version += 1
+                if not self.copying:  # the step is done: the learner's version moves on
+                    self.version += 1
+                    if cfg.weight_copy_s > 0:  # the engine keeps sampling the old weights meanwhile
+                        self.copying, self.train_left = True, cfg.weight_copy_s
+                        continue
+                self.copying = self.training = False
+                self.engine_version = self.version
                 self.split_inflight()
                 self.settling = True  # the learner is not free until the weights are in and the checks done
                 if cfg.weight_sync_s > 0:  # nothing decodes until the new weights are loaded
