@@ -678,7 +678,8 @@ def main(argv: list[str] | None = None) -> int:
         return from_run_main(argv)
     try:
         cfg = tyro.cli(SimConfig, args=argv, prog="agentenv simulate",
-                       description="Simulate the asynchronous RL pipeline.")
+                       description="Simulate the asynchronous RL pipeline. "
+                       "(--from-run RUN... replays real training runs instead: --from-run --help.)")
     except ConfigError as e:
         print(f"agentenv simulate: {e}", file=sys.stderr)
         return 2
