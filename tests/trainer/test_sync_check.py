@@ -134,3 +134,33 @@ def test_the_bound_follows_the_engines_precision_and_a_forced_lag_turns_the_chec
     assert gap_bound(recipe.parse_args(["model.device=cuda"])[0]) == BFLOAT16_BOUND
     assert gap_bound(recipe.parse_args(["learner.backend=openrlhf", "learner.param_dtype=bf16"])[0]) == BFLOAT16_BOUND
     assert sync_check(recipe.parse_args(["staleness.forced_lag=2", "staleness.policy=none"])[0]) is None
+
+
+class GaugeEngine:
+    """Counts the probe's requests in flight at once; raises ``fail`` from every request when given."""
+
+    def __init__(self, fail: Exception | None = None) -> None:
+        self.version, self.fail = 0, fail
+        self.in_flight = self.most = 0
+
+    async def generate(self, prompt_ids, params) -> GenerationOutput:
+        self.in_flight += 1
+        self.most = max(self.most, self.in_flight)
+        await asyncio.sleep(0.01)
+        self.in_flight -= 1
+        if self.fail is not None:
+            raise self.fail
+        return GenerationOutput(token_ids=[5], logprobs=[-1.0], spans=[TokenSpan(1, 3, 3)], finish_reason="length")
+
+
+async def test_the_probe_requests_share_the_engine_and_a_dying_engine_skips_the_check():
+    from agentenv.errors import EngineError
+
+    cfg, _ = recipe.parse_args(["warmup.steps=0"])
+    check = sync_check(cfg)
+    check.prompts = [[1, 2], [3, 4], [5, 6], [7, 8]]
+    engine = GaugeEngine(fail=EngineError("engine process died"))
+    assert await check.after_sync(engine, learner=None, version=3) is None  # skipped, not a mismatch
+    assert engine.most == 4  # all four in flight together, not one after the other
+    with pytest.raises(ValueError, match="not an engine error"):
+        await check.after_sync(GaugeEngine(fail=ValueError("not an engine error")), learner=None, version=3)
