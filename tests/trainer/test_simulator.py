@@ -18,6 +18,7 @@ from agentenv.trainer.experiments.simulator import (
     main,
     simulate,
 )
+from agentenv.trainer.setup import turn_policy_tokens
 
 # Generation outpaces training here (the asynchronous case where staleness control matters).
 BASE = SimConfig(num_trajectories=3000, batch_size=32, concurrency=256, train_step_s=5.0, seed=3)
@@ -232,10 +233,7 @@ def test_episode_sample_is_drawn_as_measured():
     cfg = replace(BASE, policy="none", concurrency=8, num_trajectories=100, tool_latency_mean_s=0.0, train_step_s=1e6)
     sim = _Sim(cfg, keep_decisions=False, episodes=sample)
     sim.run()
-    def turns(t):  # a turn after a tool call starts after the observation's tokens: a gap in the segments
-        return 1 + sum(s.start != prev.end for prev, s in zip(t.segments, t.segments[1:], strict=False))
-
-    pairs = {(t.num_policy_tokens, turns(t)) for t in sim.pool.trajectories}
+    pairs = {(t.num_policy_tokens, len(turn_policy_tokens(t))) for t in sim.pool.trajectories}
     assert pairs == {(10, 1), (30, 3)}
     with pytest.raises(ConfigError):
         EpisodeSample(np.array([10, 0]), np.array([1, 1]))
@@ -269,15 +267,7 @@ def test_episode_sample_with_a_measured_split_per_turn():
     cfg = replace(BASE, policy="none", concurrency=8, num_trajectories=100, tool_latency_mean_s=0.0, train_step_s=1e6)
     sim = _Sim(cfg, keep_decisions=False, episodes=sample)
     sim.run()
-    replies = set()
-    for t in sim.pool.trajectories:
-        per_turn = [0]
-        for k, s in enumerate(t.segments):
-            if k and s.start != t.segments[k - 1].end:
-                per_turn.append(0)
-            per_turn[-1] += s.num_tokens
-        replies.add(tuple(per_turn))
-    assert replies == {(50, 10), (12,)}
+    assert {tuple(turn_policy_tokens(t)) for t in sim.pool.trajectories} == {(50, 10), (12,)}
     with pytest.raises(ConfigError):
         EpisodeSample(np.array([60]), np.array([2]), ((50, 9),))  # does not add up
 
