@@ -295,10 +295,11 @@ def calibrate(sync_run: RunMeasurement, async_run: RunMeasurement, seeds: int = 
     if sync_run.mode != "sync" or async_run.mode == "sync":
         raise ConfigError("calibrate() needs one synchronous run and one asynchronous run")
     a, b = shape
-    steps = max(sync_run.steps, 1)
-    step_s = sync_run.step_s / steps if sync_run.step_s > 0 else sync_run.learner_s_per_step
-    cal = Calibration(a, b, step_s, max(0.0, sync_run.learner_s_per_step - step_s), 1.0, 1.0,
-                      (sync_run.name, async_run.name))
+    # The learner's seconds per step alone, and the part of them that is the optimizer step itself;
+    # the rest (copy, sync, probe) holds the window of old weights, fitted below.
+    step_s = sync_run.step_s / max(sync_run.steps, 1) if sync_run.step_s > 0 else sync_run.learner_s_per_step
+    after_step = max(sync_run.learner_s_per_step, step_s)
+    cal = Calibration(a, b, after_step, 0.0, 1.0, 1.0, (sync_run.name, async_run.name))
 
     def scaled(k: float) -> Calibration:
         return replace(cal, decode_base_s=a * k, decode_per_seq_s=b * k)
@@ -306,8 +307,6 @@ def calibrate(sync_run: RunMeasurement, async_run: RunMeasurement, seeds: int = 
     k = _bisect(lambda k: _mean(replay(sync_run, scaled(k), seeds), "episode_s_mean"), sync_run.episode_s_mean,
                 1e-4, 1e2, increasing=True)
     cal = scaled(k)
-    after_step = cal.weight_copy_s + cal.train_step_s  # the learner's seconds per step, split below
-    cal = replace(cal, train_step_s=after_step, weight_copy_s=0.0)
 
     def window(w: float) -> Calibration:
         return replace(cal, train_step_s=after_step - w, weight_copy_s=w)
