@@ -19,7 +19,7 @@ from agentenv.rollout import RolloutConfig
 from agentenv.staleness import StalenessConfig
 from agentenv.step_latency import StepLatencyConfig
 from agentenv.trainer.learner_config import LearnerConfig, ObjectiveConfig, OptimConfig
-from agentenv.trainer.lr_schedule import warmup_length
+from agentenv.trainer.lr_schedule import decay_length, warmup_length
 from agentenv.trainer.warmup import WarmupConfig
 
 
@@ -151,11 +151,15 @@ class TrainConfig:
         SamplingTransform(self.rollout.temperature, self.rollout.top_p, self.rollout.top_k)
         # a constant schedule may warm up past run.updates (a run trained in pieces with --resume); the
         # cosine schedule decays over run.updates and needs steps after its warm-up (a warmup_ratio < 1
-        # always leaves some)
+        # always leaves some); wsd needs its warm-up and its decay inside the run
         warm, updates = warmup_length(self.optim, self.run.updates), self.run.updates
         if self.optim.lr_schedule == "cosine" and warm >= updates:
             raise ConfigError(f"optim.warmup_steps ({warm}) is longer than the run (run.updates = {updates}): "
                               "the cosine schedule needs steps after the warm-up")
+        decay = decay_length(self.optim, updates)
+        if self.optim.lr_schedule == "wsd" and warm + decay > updates:
+            raise ConfigError(f"optim.lr_schedule=wsd: the warm-up ({warm} updates) and the decay ({decay} updates, "
+                              f"optim.decay_ratio = {self.optim.decay_ratio}) do not fit in run.updates = {updates}")
         if self.staleness.policy == "sync" and self.run.mode != "sync":
             raise ConfigError("staleness.policy 'sync' needs run.mode 'sync'")
         if self.objective.name == "grpo":  # a group baseline over mixed prompts is meaningless

@@ -34,8 +34,10 @@ class OptimConfig:
         betas: AdamW (beta1, beta2).
         adam_eps: AdamW epsilon.
         grad_clip: Max global gradient L2 norm; 0 disables clipping.
-        lr_schedule: ``"constant"`` or ``"cosine"`` (decay over the run's ``run.updates`` optimizer
-            steps to ``min_lr_ratio * lr``), after the warm-up (:mod:`agentenv.trainer.lr_schedule`).
+        lr_schedule: ``"constant"``, ``"cosine"`` (decay over the run's ``run.updates`` optimizer
+            steps to ``min_lr_ratio * lr``) or ``"wsd"`` (the peak until the last ``decay_ratio`` of the
+            run, then the same cosine down to ``min_lr_ratio * lr``), after the warm-up
+            (:mod:`agentenv.trainer.lr_schedule`).
         warmup_steps: Linear learning-rate warm-up over this many optimizer steps (0: none); under
             ``"cosine"`` fewer than ``run.updates`` (a constant schedule may warm up across a run
             trained in pieces with ``--resume``).
@@ -43,8 +45,10 @@ class OptimConfig:
             floor(warmup_ratio * run.updates)`` (the paper: 0.03), so the same recipe warms up in
             proportion at any ``--updates`` and a one-update run has no warm-up; 0 uses
             ``warmup_steps``. Setting both is a config error.
-        min_lr_ratio: The cosine schedule's final lr as a fraction of ``lr``, in [0, 1] (the paper:
-            0.1); unused by ``"constant"``.
+        min_lr_ratio: The decay's final lr as a fraction of ``lr``, in [0, 1] (the paper: 0.1); unused
+            by ``"constant"``.
+        decay_ratio: ``"wsd"`` only: the final decay as a share of the run's optimizer steps, in (0, 1]:
+            ``D = max(1, floor(decay_ratio * run.updates))``.
         step_on_zero_gradient: Take the optimizer step (and bump the version) even when the batch
             carries no gradient (all rows rejected or zero advantage). Default False: skip it.
     """
@@ -66,10 +70,11 @@ class OptimConfig:
     betas: tuple[float, float] = (0.9, 0.999)
     adam_eps: float = 1e-8
     grad_clip: float = 1.0
-    lr_schedule: Literal["constant", "cosine"] = "constant"
+    lr_schedule: Literal["constant", "cosine", "wsd"] = "constant"
     warmup_steps: int = 0
     warmup_ratio: float = 0.0
     min_lr_ratio: float = 0.1
+    decay_ratio: float = 0.2
     step_on_zero_gradient: bool = False
 
     def __post_init__(self) -> None:
@@ -90,8 +95,11 @@ class OptimConfig:
         if self.lr_schedule not in SCHEDULES:
             raise ConfigError(f"optim.lr_schedule must be one of {', '.join(SCHEDULES)}; got {self.lr_schedule!r}")
         if not 0.0 <= self.min_lr_ratio <= 1.0:
-            raise ConfigError(f"optim.min_lr_ratio (the cosine schedule's final lr / lr) must lie in [0, 1], "
+            raise ConfigError(f"optim.min_lr_ratio (the decay's final lr / lr) must lie in [0, 1], "
                               f"got {self.min_lr_ratio}")
+        if not 0.0 < self.decay_ratio <= 1.0:
+            raise ConfigError(f"optim.decay_ratio (the wsd schedule's decay as a share of the run) must lie in "
+                              f"(0, 1], got {self.decay_ratio}")
 
 
 @dataclass(frozen=True)

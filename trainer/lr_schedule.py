@@ -11,7 +11,11 @@ steps after its warm-up, and a one-update smoke run has none:
 * ``"cosine"``: after the warm-up, ``r + (1 - r) * (1 + cos(pi * p)) / 2`` with
   ``p = min(1, (s - W + 1) / (N - W))`` and ``r = optim.min_lr_ratio``: the first step after the
   warm-up is already slightly below the peak and step ``N - 1`` (the last) runs at ``r``; steps past
-  ``N`` (a resumed run that was extended) stay at ``r``.
+  ``N`` (a resumed run that was extended) stay at ``r``;
+* ``"wsd"`` (warm-up, stable, decay): 1 after the warm-up until the last ``D`` steps, which follow
+  the same cosine from 1 down to ``r``: ``p = min(1, (s - (N - D) + 1) / D)``. ``D`` is
+  ``max(1, floor(optim.decay_ratio * N))`` (:func:`decay_length`). The cosine schedule is the case
+  ``D = N - W``; ``"wsd"`` keeps the peak for the middle of the run instead of decaying from its start.
 
 The FlashREINFORCE paper trains with a cosine schedule, a linear warm-up over 3% of the steps and a
 floor of 0.1 x the peak (docs/algorithms.md); ``"constant"`` with ``W = 0`` is a plain constant lr.
@@ -32,30 +36,34 @@ import torch
 
 from agentenv.errors import ConfigError
 
-__all__ = ["SCHEDULES", "apply_optim_settings", "build_scheduler", "log_applied", "lr_factor", "warmup_length"]
+__all__ = [
+    "SCHEDULES", "apply_optim_settings", "build_scheduler", "decay_length", "log_applied", "lr_factor", "warmup_length",
+]
 
 log = logging.getLogger(__name__)
 
 #: The schedule names ``optim.lr_schedule`` accepts.
-SCHEDULES = ("constant", "cosine")
+SCHEDULES = ("constant", "cosine", "wsd")
 
 
 def lr_factor(step: int, *, schedule: str, warmup_steps: int, total_steps: int | None,
-              min_lr_ratio: float) -> float:
+              min_lr_ratio: float, decay_steps: int | None = None) -> float:
     """The factor of the peak lr used by optimizer step ``step`` (0-based); see the module docstring.
 
     Args:
         step: Optimizer steps taken before this one (>= 0).
-        schedule: ``"constant"`` or ``"cosine"``.
+        schedule: ``"constant"``, ``"cosine"`` or ``"wsd"``.
         warmup_steps: ``W``, linear warm-up steps (>= 0).
-        total_steps: ``N``, the run's optimizer steps; needed by ``"cosine"`` (must exceed ``W``).
-        min_lr_ratio: ``r`` in [0, 1], the cosine schedule's floor as a fraction of the peak.
+        total_steps: ``N``, the run's optimizer steps; needed by ``"cosine"`` and ``"wsd"``.
+        min_lr_ratio: ``r`` in [0, 1], the decay's floor as a fraction of the peak.
+        decay_steps: ``D``, the steps of ``"wsd"``'s final decay (>= 1); unused by the others.
 
     Returns:
-        A factor in ``(0, 1]`` (``r`` may make it 0 at the end of a cosine schedule).
+        A factor in ``(0, 1]`` (``r`` may make it 0 at the end of a decay).
 
     Raises:
-        ConfigError: An unknown schedule, or ``"cosine"`` without ``total_steps > warmup_steps``.
+        ConfigError: An unknown schedule; ``"cosine"`` without ``total_steps > warmup_steps``;
+            ``"wsd"`` without ``decay_steps >= 1`` and ``warmup_steps + decay_steps <= total_steps``.
     """
     if schedule not in SCHEDULES:
         raise ConfigError(f"optim.lr_schedule must be one of {', '.join(SCHEDULES)}; got {schedule!r}")
@@ -63,10 +71,15 @@ def lr_factor(step: int, *, schedule: str, warmup_steps: int, total_steps: int |
         return (step + 1) / warmup_steps
     if schedule == "constant":
         return 1.0
-    if total_steps is None or total_steps <= warmup_steps:
-        raise ConfigError(f"optim.lr_schedule 'cosine' needs the run's optimizer steps ({total_steps}) to "
-                          f"exceed optim.warmup_steps ({warmup_steps})")
-    progress = min(1.0, (step - warmup_steps + 1) / (total_steps - warmup_steps))
+    if schedule == "cosine":
+        if total_steps is None or total_steps <= warmup_steps:
+            raise ConfigError(f"optim.lr_schedule 'cosine' needs the run's optimizer steps ({total_steps}) to "
+                              f"exceed optim.warmup_steps ({warmup_steps})")
+        decay_steps = total_steps - warmup_steps
+    elif total_steps is None or decay_steps is None or decay_steps < 1 or warmup_steps + decay_steps > total_steps:
+        raise ConfigError(f"optim.lr_schedule 'wsd' needs a warm-up ({warmup_steps} steps) and a decay "
+                          f"({decay_steps} steps) that fit in the run's optimizer steps ({total_steps})")
+    progress = min(1.0, max(0.0, (step - (total_steps - decay_steps) + 1) / decay_steps))
     return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
@@ -89,6 +102,16 @@ def warmup_length(config: Any, total_steps: int | None) -> int:
     return math.floor(ratio * total_steps + 1e-9)  # 0.2 * 10 is 2, not 1.9999...
 
 
+def decay_length(config: Any, total_steps: int | None) -> int | None:
+    """``D``, the ``"wsd"`` schedule's final decay in optimizer steps: ``max(1, floor(config.decay_ratio * N))``.
+
+    None for a run without ``total_steps`` (the schedule then refuses to build).
+    """
+    if total_steps is None:
+        return None
+    return max(1, math.floor(float(config.decay_ratio) * total_steps + 1e-9))
+
+
 def build_scheduler(
     optimizer: torch.optim.Optimizer, config: Any, total_steps: int | None
 ) -> torch.optim.lr_scheduler.LambdaLR:
@@ -99,14 +122,14 @@ def build_scheduler(
     Raises:
         ConfigError: As :func:`lr_factor` (checked here for step 0 and the last step).
     """
-    warmup = warmup_length(config, total_steps)
+    warmup, decay = warmup_length(config, total_steps), decay_length(config, total_steps)
 
     def factor(step: int) -> float:
         return lr_factor(step, schedule=config.lr_schedule, warmup_steps=warmup,
-                         total_steps=total_steps, min_lr_ratio=config.min_lr_ratio)
+                         total_steps=total_steps, min_lr_ratio=config.min_lr_ratio, decay_steps=decay)
 
-    if total_steps is not None:
-        factor(max(total_steps - 1, 0))  # refuse a bad geometry now, not at the last step
+    if total_steps is not None or config.lr_schedule != "constant":  # refuse a bad geometry now, not at the last step
+        factor(max((total_steps or 0) - 1, warmup))
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 

@@ -10,13 +10,14 @@ import torch
 from agentenv.errors import ConfigError
 from agentenv.trainer.learner import Learner
 from agentenv.trainer.learner_config import ObjectiveConfig, OptimConfig
-from agentenv.trainer.lr_schedule import lr_factor, warmup_length
+from agentenv.trainer.lr_schedule import decay_length, lr_factor, warmup_length
 
 from .conftest import make_trajectories, tiny_model
 
 
-def _factors(schedule, warmup, total, ratio=0.1, steps=None):
-    return [lr_factor(s, schedule=schedule, warmup_steps=warmup, total_steps=total, min_lr_ratio=ratio)
+def _factors(schedule, warmup, total, ratio=0.1, steps=None, decay=None):
+    return [lr_factor(s, schedule=schedule, warmup_steps=warmup, total_steps=total, min_lr_ratio=ratio,
+                      decay_steps=decay)
             for s in range(steps if steps is not None else total)]
 
 
@@ -35,6 +36,31 @@ def test_cosine_by_hand():
     assert lr_factor(9, schedule="cosine", warmup_steps=2, total_steps=6, min_lr_ratio=0.1) == pytest.approx(0.1)
     # no warm-up: the last of N steps runs at r, the first just under the peak
     assert _factors("cosine", 0, 4, ratio=0.0) == pytest.approx([0.853553, 0.5, 0.146447, 0.0], abs=1e-6)
+
+
+def test_wsd_by_hand():
+    # W = 2, N = 8, D = 3, r = 0.1: warm-up 1/2, 1; the peak for steps 2-4; then p = 1/3, 2/3, 1
+    decay = [0.1 + 0.45 * (1 + math.cos(math.pi * p)) for p in (1 / 3, 2 / 3, 1.0)]
+    assert _factors("wsd", 2, 8, decay=3) == pytest.approx([0.5, 1.0, 1.0, 1.0, 1.0] + decay, abs=1e-12)
+    assert decay == pytest.approx([0.775, 0.325, 0.1], abs=1e-12)
+    # D = N - W is the cosine schedule, step for step
+    assert _factors("wsd", 2, 8, decay=6) == pytest.approx(_factors("cosine", 2, 8), abs=1e-15)
+    # a one-step run decays in its one step; past the horizon the floor stays
+    assert _factors("wsd", 0, 1, decay=1) == [pytest.approx(0.1)]
+    assert lr_factor(11, schedule="wsd", warmup_steps=2, total_steps=8, min_lr_ratio=0.1,
+                     decay_steps=3) == pytest.approx(0.1)
+
+
+@pytest.mark.parametrize("ratio, total, expected",
+                         [(0.25, 28, 7), (0.2, 10, 2), (0.2, 4, 1), (0.01, 12, 1), (1.0, 5, 5)])
+def test_the_wsd_decay_is_a_share_of_the_run_rounded_down_and_at_least_one_step(ratio, total, expected):
+    assert decay_length(OptimConfig(decay_ratio=ratio), total) == expected
+
+
+@pytest.mark.parametrize("warmup, decay, total", [(2, 7, 8), (0, 0, 8), (0, 3, None)])
+def test_a_wsd_geometry_that_does_not_fit_the_run_is_refused(warmup, decay, total):
+    with pytest.raises(ConfigError, match="'wsd' needs a warm-up"):
+        lr_factor(5, schedule="wsd", warmup_steps=warmup, total_steps=total, min_lr_ratio=0.1, decay_steps=decay)
 
 
 def test_the_learner_steps_with_the_scheduled_lr():
@@ -88,7 +114,11 @@ def test_the_default_recipe_runs_a_one_update_smoke_run_under_its_cosine_schedul
 @pytest.mark.parametrize(
     "argv, needle",
     [
-        (["optim.lr_schedule=linear"], "optim.lr_schedule: 'linear' is not one of ('constant', 'cosine')"),
+        (["optim.lr_schedule=linear"], "optim.lr_schedule: 'linear' is not one of ('constant', 'cosine', 'wsd')"),
+        (["optim.lr_schedule=wsd", "optim.decay_ratio=0"], "optim.decay_ratio"),
+        (["optim.lr_schedule=wsd", "optim.decay_ratio=1.5"], "optim.decay_ratio"),
+        (["optim.lr_schedule=wsd", "optim.warmup_ratio=0.5", "optim.decay_ratio=0.6", "--updates", "10"],
+         "the warm-up (5 updates) and the decay (6 updates"),
         (["optim.lr_schedule=cosine", "optim.warmup_ratio=0", "optim.warmup_steps=13", "--updates", "12"],
          "optim.warmup_steps (13) is longer than the run"),
         (["optim.warmup_ratio=0", "optim.warmup_steps=12", "--updates", "12"], "needs steps after the warm-up"),
@@ -134,6 +164,19 @@ def test_resume_applies_the_new_optimizer_settings_and_keeps_the_moments(tmp_pat
     stats = resumed.update(make_trajectories(4, seed=5, rewards=[1, 0, 1, 0]))
     assert stats.lr == pytest.approx(1e-4 * 0.325, rel=1e-9)
     assert resumed.optimizer.param_groups[0]["lr"] == pytest.approx(1e-4 * 0.1, rel=1e-9)
+
+
+def test_the_learner_steps_with_the_wsd_schedule():
+    learner = Learner(tiny_model(0), OptimConfig(lr=1e-3, lr_schedule="wsd", warmup_steps=1, decay_ratio=0.5),
+                      objective=ObjectiveConfig(delta=10.0), total_steps=4)
+    lrs = [learner.update(make_trajectories(4, seed=k, rewards=[1, 0, 1, 0])).lr for k in range(4)]
+    # W = 1, D = 2 of N = 4: warm-up 1/1, the peak, then p = 1/2 -> 0.55, p = 1 -> 0.1
+    assert lrs == pytest.approx([1e-3, 1e-3, 5.5e-4, 1e-4], rel=1e-9)
+
+
+def test_a_schedule_with_a_horizon_is_refused_without_one():
+    with pytest.raises(ConfigError, match="'wsd' needs"):
+        Learner(tiny_model(0), OptimConfig(lr=1e-3, lr_schedule="wsd", warmup_steps=1))
 
 
 def test_resume_with_the_same_settings_changes_nothing(tmp_path, caplog):
