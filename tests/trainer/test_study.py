@@ -345,11 +345,16 @@ def test_the_before_evaluation_is_shared_only_from_a_run_that_starts_from_the_sa
     assert find_before(tmp_path, full, exclude=tmp_path / "s" / "full_baseline") is None  # not itself
     lag = dataclasses.replace(positive, staleness=dataclasses.replace(positive.staleness, forced_lag=4))
     assert before_key(lag) == before_key(full)  # what comes after the start does not matter
+    # a greedy evaluation of the warm-up's policy (its seed is fixed) is the same for every run seed
+    assert full.eval.temperature == 0
+    assert before_key(dataclasses.replace(full, run=dataclasses.replace(full.run, seed=1))) == before_key(full)
+    sampled = dataclasses.replace(full, eval=dataclasses.replace(full.eval, temperature=0.7))
     for other in (dataclasses.replace(full, warmup=dataclasses.replace(full.warmup, steps=2)),
-                  dataclasses.replace(full, eval=dataclasses.replace(full.eval, problems=3)),
-                  dataclasses.replace(full, run=dataclasses.replace(full.run, seed=1))):
+                  dataclasses.replace(full, eval=dataclasses.replace(full.eval, problems=3)), sampled,
+                  dataclasses.replace(sampled, run=dataclasses.replace(full.run, seed=1))):
         assert before_key(other) != before_key(full)
         assert find_before(tmp_path, other, exclude=tmp_path / "x") is None
+    assert before_key(dataclasses.replace(sampled, run=dataclasses.replace(full.run, seed=1))) != before_key(sampled)
     (tmp_path / "s" / "full_baseline" / "eval_before.json").write_text('{"success_rate": 0.')  # killed mid-write
     assert find_before(tmp_path, positive, exclude=tmp_path / "x") is None
 

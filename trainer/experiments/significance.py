@@ -13,12 +13,16 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from statistics import NormalDist
 
 import numpy as np
 
 from agentenv.errors import DataError
 
-__all__ = ["ImprovementInterval", "paired_bootstrap", "seed_task_bootstrap", "two_proportion_interval"]
+__all__ = [
+    "ImprovementInterval", "detectable_effect", "paired_bootstrap", "seed_bootstrap", "seed_task_bootstrap",
+    "seeds_for_effect", "two_proportion_interval",
+]
 
 #: Two-sided 95% normal quantile.
 Z95 = 1.959963984540054
@@ -154,3 +158,72 @@ def two_proportion_interval(before: Sequence[float], after: Sequence[float]) -> 
     se = math.sqrt(pa * (1 - pa) / a.size + pb * (1 - pb) / b.size)
     d = pa - pb
     return ImprovementInterval(pb, pa, d, d - Z95 * se, d + Z95 * se, int(min(a.size, b.size)), "two_proportion")
+
+
+def seed_bootstrap(differences: Sequence[float], *, resamples: int = 10_000, seed: int = 0) -> tuple[float, float]:
+    """Percentile 95% interval of the mean of per-seed differences, resampling seeds.
+
+    For a figure measured once per run (tool calls per episode, failed trajectories' length): each
+    seed's value in one setting minus the same seed's in the reference.
+
+    Args:
+        differences: ``(k,)`` one difference per seed (finite).
+        resamples: Bootstrap resamples (>= 100).
+        seed: Seeds the resampling.
+
+    Returns:
+        ``(low, high)``; one seed gives ``(d, d)`` (no spread to resample: read it with the seed count).
+
+    Raises:
+        DataError: No differences, a non-finite one, ``resamples < 100``.
+    """
+    d = np.asarray(list(differences), dtype=np.float64)
+    if d.size == 0 or not np.isfinite(d).all():
+        raise DataError(f"a seed bootstrap needs one finite difference per seed, got {list(differences)}")
+    if resamples < 100:
+        raise DataError(f"resamples must be >= 100, got {resamples}")
+    rng = np.random.default_rng(seed)
+    means = d[rng.integers(0, d.size, size=(resamples, d.size))].mean(axis=1)
+    low, high = np.quantile(means, [0.025, 0.975])
+    return float(low), float(high)
+
+
+def _z_sum(power: float, alpha: float) -> float:
+    if not 0.0 < alpha < 1.0 or not 0.0 < power < 1.0:
+        raise DataError(f"alpha and power must lie in (0, 1), got alpha={alpha}, power={power}")
+    return NormalDist().inv_cdf(1 - alpha / 2) + NormalDist().inv_cdf(power)
+
+
+def seeds_for_effect(sd: float, effect: float, *, power: float = 0.8, alpha: float = 0.05) -> int:
+    """Seeds per setting to detect a difference ``effect`` between two settings' means.
+
+    The two-sample normal approximation, ``k = ceil(2 (z_{1-alpha/2} + z_power)^2 sd^2 / effect^2)``
+    (at least 2): ``sd`` is one run's spread (the seed-to-seed standard deviation of held-out success,
+    the evaluation's noise included), the same in both settings. Conservative for seeds paired across
+    settings (a shared seed's task stream makes the runs' errors correlate, which only helps).
+
+    Args:
+        sd: The spread of one run's result (points or fractions, as ``effect``; > 0).
+        effect: The difference to detect (> 0, same unit).
+        power: The chance of detecting a true difference of ``effect``.
+        alpha: The two-sided test's level (the interval is ``1 - alpha``).
+
+    Raises:
+        DataError: ``sd`` or ``effect`` not positive, ``power`` or ``alpha`` outside (0, 1).
+    """
+    if not sd > 0 or not effect > 0:
+        raise DataError(f"sd and effect must be > 0, got sd={sd}, effect={effect}")
+    return max(2, math.ceil(2 * (_z_sum(power, alpha) * sd / effect) ** 2 - 1e-9))
+
+
+def detectable_effect(sd: float, seeds: int, *, power: float = 0.8, alpha: float = 0.05) -> float:
+    """The smallest difference between two settings of ``seeds`` runs each detected with ``power``.
+
+    The inverse of :func:`seeds_for_effect`: ``(z_{1-alpha/2} + z_power) sd sqrt(2 / seeds)``, in ``sd``'s unit.
+
+    Raises:
+        DataError: ``sd`` not positive, ``seeds < 1``, ``power`` or ``alpha`` outside (0, 1).
+    """
+    if not sd > 0 or seeds < 1:
+        raise DataError(f"sd must be > 0 and seeds >= 1, got sd={sd}, seeds={seeds}")
+    return _z_sum(power, alpha) * sd * math.sqrt(2 / seeds)

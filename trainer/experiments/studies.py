@@ -11,8 +11,12 @@ The claims: docs/studies.md.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
-__all__ = ["BASE_OVERRIDES", "BASE_RECIPE", "FIGURES", "QUICK_OVERRIDES", "STUDIES", "WALL_CLOCK_S", "Setting", "Study"]
+__all__ = [
+    "BASE_OVERRIDES", "BASE_RECIPE", "FIGURES", "QUICK_OVERRIDES", "SEED_SPREAD", "STUDIES", "WALL_CLOCK_S",
+    "Expectation", "Setting", "Study",
+]
 
 #: The task every study trains on: the CPU default on integer-expression problems.
 BASE_RECIPE = "python_tool_cpu"
@@ -29,6 +33,10 @@ QUICK_UPDATES = 2
 #: and the model load, the two studies' ten settings take about 170 minutes.
 WALL_CLOCK_S = 600.0
 QUICK_SECONDS = 90.0
+#: One run's spread: the standard deviation of held-out success after training over seeds of one config
+#: (fraction; the evaluation's own noise included), from which ``agentenv study --seeds auto`` sizes a study.
+#: The default recipe over five seeds: 0.083 (docs/stability.md, "The default: 24 updates at a peak of 1.5e-5").
+SEED_SPREAD = 0.083
 
 #: Table column -> what it is (study.md's legend). Rates get a 95% interval.
 FIGURES: dict[str, str] = {
@@ -67,6 +75,26 @@ class Setting:
 
 
 @dataclass(frozen=True)
+class Expectation:
+    """What the claim says one setting does against another, on one figure: the rule a study decides by.
+
+    Attributes:
+        setting: The setting the claim is about.
+        reference: The setting it is compared with (the same seeds: paired by seed, and by task for
+            held-out success).
+        direction: ``"higher"`` or ``"lower"`` (the claim's sign), or ``"not_lower"`` (it matches the
+            reference: no worse than the study's stated effect).
+        figure: A key of :data:`FIGURES` measured once per run; ``"success_after"`` (the default)
+            is compared over seeds and held-out tasks.
+    """
+
+    setting: str
+    reference: str
+    direction: Literal["higher", "lower", "not_lower"]
+    figure: str = "success_after"
+
+
+@dataclass(frozen=True)
 class Study:
     """One claim, its settings and its budget.
 
@@ -81,6 +109,8 @@ class Study:
         seconds: Equal wall-clock budget per setting (update-loop seconds), or None.
         not_runnable: Why the study cannot run yet, or None.
         extra: Overrides for every setting of this study (over the base task).
+        expect: What the claim predicts, setting against setting (:class:`Expectation`): with
+            ``--seeds K`` each becomes "reproduced", "contradicted" or "undecided at this scale".
     """
 
     name: str
@@ -91,6 +121,7 @@ class Study:
     seconds: float | None = None
     not_runnable: str | None = None
     extra: tuple[str, ...] = ()
+    expect: tuple[Expectation, ...] = ()
 
 
 def _s(name: str, *overrides: str) -> Setting:
@@ -114,18 +145,23 @@ STUDIES: dict[str, Study] = {s.name: s for s in (
           "better held-out success with the same rollouts",
           (_s("flash_reinforce_n1", "objective.name=flash_reinforce"),
            _s("grpo_n4", "objective.name=grpo", "objective.grpo_group_size=4")),
-          ("tool_calls", "success_after", "tool_calls_after", "reward_last5")),
+          ("tool_calls", "success_after", "tool_calls_after", "reward_last5"),
+          expect=(Expectation("grpo_n4", "flash_reinforce_n1", "lower"),
+                  Expectation("grpo_n4", "flash_reinforce_n1", "lower", "tool_calls_after"))),
     Study("signed_feedback",
           "With negative feedback removed (A = max(A, 0)) tool calls vanish; the full batch-mean baseline keeps them",
           (_s("full_baseline", "objective.advantage_clip_negative=false"),
            _s("positive_only", "objective.advantage_clip_negative=true")),
-          ("tool_calls", "success_after", "tool_calls_after", "reward_last5")),
+          ("tool_calls", "success_after", "tool_calls_after", "reward_last5"),
+          expect=(Expectation("positive_only", "full_baseline", "lower", "tool_calls_after"),
+                  Expectation("positive_only", "full_baseline", "lower"))),
     Study("sample_vs_token_mean",
           "Sample-mean (each trajectory's tokens over its T_i, then over B) against token-mean (1/N per token): "
           "response length, truncation rate, tool calls, success",
           (_s("sample_mean", "objective.loss_aggregation=sample_mean"),
            _s("token_mean", "objective.loss_aggregation=token_mean")),
-          ("response_tokens", "truncated", "tool_calls", "success_after", "tool_calls_after")),
+          ("response_tokens", "truncated", "tool_calls", "success_after", "tool_calls_after"),
+          expect=(Expectation("token_mean", "sample_mean", "lower"),)),
     Study("gate_under_lag",
           "Under a forced policy lag >= 4 the sequence-level gate keeps the train-inference mismatch low "
           "and the reward stable, against a token-local mask, no gate, and no gate with the importance "
@@ -135,19 +171,26 @@ STUDIES: dict[str, Study] = {s.name: s for s in (
            _s("no_gate_tis", "objective.gate=none", "objective.is_truncation=2.0")),
           ("mean_d", "reward_std", "admitted", "admitted_tokens", "lag_mean", "success_after", "rho_truncated"),
           # the engine serves the learner's weights 4 versions late; policy none keeps every lagged trajectory
-          extra=("staleness.forced_lag=4", "staleness.policy=none")),
+          extra=("staleness.forced_lag=4", "staleness.policy=none"),
+          expect=(Expectation("token_mask", "sequence_gate", "lower"), Expectation("no_gate", "sequence_gate", "lower"),
+                  Expectation("no_gate", "sequence_gate", "higher", "mean_d"),
+                  Expectation("no_gate_tis", "sequence_gate", "lower"))),
     Study("staleness_wall_clock",
           "At equal wall-clock PACE beats unfiltered async and matches sync in less time",
           _WALL_CLOCK_SETTINGS, _WALL_CLOCK_FIGURES,
           # the held-out evaluation after the budget is not part of it
-          seconds=WALL_CLOCK_S),
+          seconds=WALL_CLOCK_S,
+          expect=(Expectation("pace_token_share", "async_none", "higher"),
+                  Expectation("pace_token_share", "sync", "not_lower"))),
     Study("staleness_wall_clock_latency",
           "With long-tailed tool latency (multi-turn tool use) PACE beats both unfiltered async and sync "
           "at equal wall-clock",
           _WALL_CLOCK_SETTINGS, _WALL_CLOCK_FIGURES,
           # every tool step waits a lognormal delay: median 2 s, 99th percentile ~20 s, mean 3.3 s
           # (not the held-out episodes: their success measures the policy, not the tool's speed)
-          seconds=WALL_CLOCK_S, extra=("env.step_latency.median_s=2.0", "env.step_latency.sigma=1.0")),
+          seconds=WALL_CLOCK_S, extra=("env.step_latency.median_s=2.0", "env.step_latency.sigma=1.0"),
+          expect=(Expectation("pace_token_share", "async_none", "higher"),
+                  Expectation("pace_token_share", "sync", "higher"))),
     Study("loss_normaliser",
           "Dividing each trajectory by its own length (sample mean) weighs a long failed trajectory's tokens "
           "less than a short one's; one constant normaliser (AsyncWebRL, arXiv 2606.05597) corrects every "
@@ -158,10 +201,13 @@ STUDIES: dict[str, Study] = {s.name: s for s in (
           ("failed_tokens", "turns", "truncated", "response_tokens", "success_after", "tool_calls", "reward_last5"),
           # up to 4 replies: a failure can be one wrong answer or a run of broken tool calls to the turn limit;
           # the constant is the policy-token budget per trajectory, min(4 x 96, 512) = 384
-          extra=("env.kwargs.max_turns=4", "rollout.max_turns=4", "rollout.max_total_tokens=512")),
+          extra=("env.kwargs.max_turns=4", "rollout.max_turns=4", "rollout.max_total_tokens=512"),
+          expect=(Expectation("constant", "sample_mean", "lower", "failed_tokens"),
+                  Expectation("constant", "sample_mean", "not_lower"))),
     Study("entropy_filter",
           "Keeping only the ceil(0.9 T) highest-entropy tokens of failed trajectories against no filter",
           (_s("no_filter", "objective.entropy_keep_fraction=null"),
            _s("keep_0.9", "objective.entropy_keep_fraction=0.9")),
-          ("success_after", "tool_calls", "reward_last5")),
+          ("success_after", "tool_calls", "reward_last5"),
+          expect=(Expectation("keep_0.9", "no_filter", "higher"),)),
 )}

@@ -91,9 +91,12 @@ def budget(study: Study, quick: bool) -> tuple[int | None, float | None]:
     return (QUICK_UPDATES if quick else study.updates), None
 
 
-def setting_configs(study: Study, root: Path, *, quick: bool, overrides: Sequence[str] = ()
+def setting_configs(study: Study, root: Path, *, quick: bool, overrides: Sequence[str] = (), seed: int | None = None
                     ) -> list[tuple[Setting, TrainConfig]]:
     """Every setting's config (``--quick``: the first two), all checked before anything runs.
+
+    With ``seed``, each setting runs with ``run.seed = seed`` in ``root/<setting>/seed<seed>``
+    (``agentenv study --seeds K``); without it in ``root/<setting>``.
 
     Raises:
         ConfigError: A setting's config is invalid, or it cannot apply (a GRPO group larger than
@@ -104,7 +107,9 @@ def setting_configs(study: Study, root: Path, *, quick: bool, overrides: Sequenc
                                                   *study.extra])
     out = []
     for setting in study.settings[:2] if quick else study.settings:
-        more = [f"run.run_dir={root / setting.name}"] + ([f"run.updates={updates}"] if updates is not None else [])
+        run_dir = root / setting.name if seed is None else root / setting.name / f"seed{seed}"
+        more = ([f"run.run_dir={run_dir}"] + ([f"run.updates={updates}"] if updates is not None else [])
+                + ([f"run.seed={seed}"] if seed is not None else []))
         try:
             cfg = load_config(TrainConfig, apply_overrides(base, [*setting.overrides, *overrides, *more]))
         except ConfigError as exc:
@@ -123,8 +128,11 @@ def _recipe() -> Path:
     return resolve_recipe(BASE_RECIPE)
 
 
-def check_folder(root: Path, study: Study, *, quick: bool, resume: bool) -> None:
-    """Refuse a folder of another study (or mode), a study started before without ``--resume``, a non-study folder.
+def check_folder(root: Path, study: Study, *, quick: bool, resume: bool, seeded: bool = False) -> None:
+    """Refuse another study's (or mode's, or layout's) folder, a study begun without ``--resume``, a non-study folder.
+
+    ``seeded``: the study runs with ``--seeds`` (its folders are ``<setting>/seed<k>``); a folder of
+    the other layout is refused.
 
     Raises:
         RunFolderError: as above.
@@ -138,6 +146,9 @@ def check_folder(root: Path, study: Study, *, quick: bool, resume: bool) -> None
         if bool(held.get("quick")) != quick:
             raise RunFolderError(f"{root} holds a {'--quick' if held.get('quick') else 'full'} run of "
                                  f"{study.name}; choose another --run-dir")
+        if ("seeds" in held) != seeded:
+            raise RunFolderError(f"{root} holds a run of {study.name} {'with' if 'seeds' in held else 'without'} "
+                                 "--seeds; choose another --run-dir")
         if not resume:
             raise RunFolderError(f"{root} holds study {study.name} already; pass --resume to continue it "
                                  "(finished settings are kept)")
@@ -172,44 +183,17 @@ def run_study(name: str, root: Path, *, quick: bool = False, resume: bool = Fals
                               "scale": scale(configs[0][1], study, quick), "rows": [], "interrupted": False}
     _write_json(root / "study.json", result)
     for i, (setting, cfg) in enumerate(configs, 1):
-        run_dir, user_stop = root / setting.name, False
-        head = f"[study {study.name}] {i}/{len(configs)} {setting.name}"
-        key = setting_key(cfg, seconds)
-        partial, finished_before = (run_dir / "config.yaml").is_file(), (run_dir / MARKER).is_file()
-        if partial and not finished_before and _nothing_to_resume(run_dir):
-            log(f"{head}: stopped before its first checkpoint (run.checkpoint_every = {cfg.run.checkpoint_every}): "
-                "nothing to resume from, starting it again")
-            partial = False
-        same = find_finished(root.parent, key, exclude=run_dir) if share and not partial else None
-        if finished_before:
-            log(f"{head}: finished before, kept")
-        elif same is not None:
-            copy_finished(same, run_dir)
-            _write_json(run_dir / MARKER, {"study": study.name, "setting": setting.name, "finished": True,
-                                           "key": key, "shared_from": _relative(same, root.parent)})
-            log(f"{head}: the same config and budget as {same}, which finished: copied, not rerun")
-        else:
-            if not partial:
-                _start_setting(cfg, run_dir, root.parent if share else None, log=log, head=head)
-            left = None if seconds is None else max(0.0, seconds - loop_seconds_spent(run_dir))
-            log(f"{head}: {'resuming' if partial else 'training'} "
-                + (f"for {left:.0f} s" if left is not None else f"to {cfg.run.updates} updates"))
-            started = time.time()
-            finished, user_stop = train_in_child(cfg, run_dir, resume=partial, seconds=left, head=head,
-                                                  then="run the same command with --resume")
-            if seconds is not None:
-                _add_loop_seconds(run_dir, since=started)
-            if not finished:
-                log(f"{head}: stopped; run the same command with --resume to continue")
-                result["interrupted"] = True
-                break
-            _write_json(run_dir / MARKER, {"study": study.name, "setting": setting.name, "finished": True,
-                                           "key": key})
+        run_dir = root / setting.name
+        finished, user_stop = run_setting(study, setting, cfg, run_dir, seconds=seconds, share=share, log=log,
+                                          head=f"[study {study.name}] {i}/{len(configs)} {setting.name}")
+        if not finished:
+            result["interrupted"] = True
+            break
         row = study_row(study, setting.name, run_dir, reference=root / configs[0][0].name if i > 1 else None)
-        log(f"{head}: " + ", ".join(f"{k}={_cell(row, k)}" for k in _columns(study)[1:] if k in row))
+        log(f"[study {study.name}] {i}/{len(configs)} {setting.name}: "
+            + ", ".join(f"{k}={_cell(row, k)}" for k in _columns(study)[1:] if k in row))
         result["rows"].append(row)
         if user_stop:  # Ctrl-C after the setting's run had finished: it is kept, the study stops here
-            log(f"{head}: stopped after this setting; run the same command with --resume to continue")
             result["interrupted"] = True
             break
     if result["rows"]:
@@ -218,6 +202,65 @@ def run_study(name: str, root: Path, *, quick: bool = False, resume: bool = Fals
         (root / "study.md").write_text(study_markdown(study, result))
     _write_json(root / "study.json", result)
     return result
+
+
+def run_setting(study: Study, setting: Setting, cfg: TrainConfig, run_dir: Path, *, seconds: float | None,
+                share: bool, log: Callable[[str], None], head: str) -> tuple[bool, bool]:
+    """Train one setting in ``run_dir`` to its budget, or keep what finished before; ``(finished, user_stop)``.
+
+    A folder that finished before (its marker) is kept; with ``share`` a finished identical setting
+    beside the study is copied (:mod:`~agentenv.trainer.experiments.study_share`); a folder stopped
+    half-way resumes; else the setting starts afresh. ``finished`` is False when the run was stopped
+    before its budget; ``user_stop`` is True when Ctrl-C came (after a finished run: keep it, stop
+    the study).
+
+    Raises:
+        AgentEnvError: the setting's process failed or was killed.
+    """
+    key = setting_key(cfg, seconds)
+    partial, finished_before = (run_dir / "config.yaml").is_file(), (run_dir / MARKER).is_file()
+    if partial and not finished_before and _nothing_to_resume(run_dir):
+        log(f"{head}: stopped before its first checkpoint (run.checkpoint_every = {cfg.run.checkpoint_every}): "
+            "nothing to resume from, starting it again")
+        partial = False
+    parent = _study_parent(run_dir, setting)
+    same = find_finished(parent, key, exclude=run_dir) if share and not partial else None
+    if finished_before:
+        log(f"{head}: finished before, kept")
+        return True, False
+    if same is not None:
+        copy_finished(same, run_dir)
+        _write_json(run_dir / MARKER, {"study": study.name, "setting": setting.name, "finished": True,
+                                       "key": key, "shared_from": _relative(same, parent)})
+        log(f"{head}: the same config and budget as {same}, which finished: copied, not rerun")
+        return True, False
+    if not partial:
+        _start_setting(cfg, run_dir, parent if share else None, log=log, head=head)
+    left = None if seconds is None else max(0.0, seconds - loop_seconds_spent(run_dir))
+    log(f"{head}: {'resuming' if partial else 'training'} "
+        + (f"for {left:.0f} s" if left is not None else f"to {cfg.run.updates} updates"))
+    started = time.time()
+    finished, user_stop = train_in_child(cfg, run_dir, resume=partial, seconds=left, head=head,
+                                         then="run the same command with --resume")
+    if seconds is not None:
+        _add_loop_seconds(run_dir, since=started)
+    if not finished:
+        log(f"{head}: stopped; run the same command with --resume to continue")
+        return False, user_stop
+    _write_json(run_dir / MARKER, {"study": study.name, "setting": setting.name, "finished": True, "key": key})
+    if user_stop:
+        log(f"{head}: stopped after this setting; run the same command with --resume to continue")
+    return True, user_stop
+
+
+def _study_parent(run_dir: Path, setting: Setting) -> Path:
+    """The folder that holds the study folders, where shared runs are looked for.
+
+    ``run_dir``'s grandparent (``<study>/<setting>``), or great-grandparent for a seed's folder
+    (``<study>/<setting>/seed<k>``).
+    """
+    study_dir = run_dir.parent if run_dir.name == setting.name else run_dir.parent.parent
+    return study_dir.parent
 
 
 #: A wall-clock setting's update-loop seconds over all its sessions (train's summary has the last one's).
@@ -567,8 +610,19 @@ def main(argv: list[str] | None = None) -> int:
                     "started before, and start the others); finished settings are kept")
     ap.add_argument("--no-share", action="store_true", help="run every setting afresh: copy neither a finished "
                     "identical setting nor the 'before' evaluation from the study folders beside --run-dir")
+    ap.add_argument("--seeds", help="run every setting with seeds 0..K-1 (folders <setting>/seed<k>) and decide "
+                    "each of the study's claims: reproduced, contradicted or undecided; 'auto': the seeds that detect "
+                    "--effect with 80%% power, given the default's measured spread")
+    ap.add_argument("--effect", type=float, default=10.0, help="with --seeds: the difference in held-out success "
+                    "to detect, in points (default 10)")
+    ap.add_argument("--results", help="with --seeds: where each finished (setting, seed) writes its result "
+                    "(default: RUN_DIR/results); commit it (e.g. docs/studies/NAME) and --resume elsewhere skips "
+                    "what it holds")
     ap.add_argument("overrides", nargs="*", help="section.field=value overrides for every setting")
     args = ap.parse_intermixed_args(argv)
+    if args.seeds is None and args.results is not None:
+        print("agentenv study: --results needs --seeds", file=sys.stderr)
+        return 2
     suffix = "-quick" if args.quick else ""
     if args.name == "all":
         base = Path(args.run_dir or "runs/study")
@@ -578,6 +632,18 @@ def main(argv: list[str] | None = None) -> int:
     for name, root in plan:
         resume = args.resume and (len(plan) == 1 or (root / "study.json").is_file())
         try:
+            if args.seeds is not None:
+                from agentenv.trainer.experiments.seeded_study import plan_seeds, run_seeded_study
+
+                effect = args.effect / 100
+                results = Path(args.results) / name if args.results and len(plan) > 1 else args.results
+                summary = run_seeded_study(name, root, seeds=plan_seeds(args.seeds, effect=effect), effect=effect,
+                                           results=Path(results) if results else None, quick=args.quick,
+                                           resume=resume, overrides=args.overrides, share=not args.no_share)
+                print((root / "study.md").read_text())
+                if summary["interrupted"]:
+                    return 130
+                continue
             result = run_study(name, root, quick=args.quick, resume=resume, overrides=args.overrides,
                                share=not args.no_share)
         except AgentEnvError as exc:

@@ -51,18 +51,25 @@ def setting_key(cfg: TrainConfig, seconds: float | None) -> str:
 def before_key(cfg: TrainConfig) -> str:
     """Fingerprint of the "before" held-out evaluation.
 
-    It covers :data:`BEFORE_SECTIONS`, ``run.seed`` (the episodes' seeds) and agentenv's version;
-    ``env.step_latency`` is left out (it delays training steps only).
+    It covers :data:`BEFORE_SECTIONS`, ``run.seed`` when the evaluation samples (``eval.temperature``
+    > 0: the seed then picks the episodes' tokens) and agentenv's version. A greedy evaluation of the
+    warm-up's policy (whose seed is fixed, :data:`agentenv.trainer.warmup.WARMUP_SEED`) is the same
+    for every run seed, so the seeds of a study share it. ``env.step_latency`` is left out (it delays
+    training steps only).
     """
     data = to_dict(cfg)
     sections = {k: data[k] for k in BEFORE_SECTIONS}
     sections["env"] = {k: v for k, v in sections["env"].items() if k != "step_latency"}
-    return _digest({"sections": sections, "seed": cfg.run.seed, "agentenv": __version__})
+    seed = cfg.run.seed if cfg.eval.temperature > 0 else None
+    return _digest({"sections": sections, "seed": seed, "agentenv": __version__})
 
 
 def _study_runs(parent: Path, name: str) -> list[Path]:
-    """Run folders ``parent/<study>/<setting>`` holding ``name``, in a stable order."""
-    return sorted(p.parent for p in parent.glob(f"*/*/{name}"))
+    """Run folders ``parent/<study>/<setting>`` and ``parent/<study>/<setting>/seed<k>`` holding ``name``.
+
+    In a stable order (sorted).
+    """
+    return sorted(p.parent for pattern in (f"*/*/{name}", f"*/*/seed*/{name}") for p in parent.glob(pattern))
 
 
 def find_finished(parent: Path, key: str, *, exclude: Path) -> Path | None:
