@@ -8,7 +8,7 @@ import math
 import pytest
 
 from agentenv.errors import ConfigError, DataError, RunFolderError
-from agentenv.trainer.experiments import study
+from agentenv.trainer.experiments import study, study_report
 from agentenv.trainer.experiments.seeded_study import (
     CONTRADICTED,
     REPRODUCED,
@@ -187,7 +187,7 @@ def fake_training(monkeypatch):
                 "reward_last5": 0.5}
 
     monkeypatch.setattr(study, "run_setting", run_setting)
-    monkeypatch.setattr(study, "study_row", study_row)
+    monkeypatch.setattr(study_report, "study_row", study_row)
     return calls
 
 

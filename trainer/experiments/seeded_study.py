@@ -34,13 +34,15 @@ from pathlib import Path
 from typing import Any
 
 from agentenv.errors import ConfigError, DataError
+from agentenv.trainer.experiments import study as runner
+from agentenv.trainer.experiments import study_report
 from agentenv.trainer.experiments.significance import (
     detectable_effect,
     seed_bootstrap,
     seed_task_bootstrap,
     seeds_for_effect,
 )
-from agentenv.trainer.experiments.studies import SEED_SPREAD, Expectation, Study
+from agentenv.trainer.experiments.studies import SEED_SPREAD, Expectation, Study, budget
 
 __all__ = [
     "compare",
@@ -115,7 +117,7 @@ def seed_result(row: Mapping[str, Any], run_dir: Path, *, seed: int) -> dict[str
     """The record kept for one finished (setting, seed): its table row and its held-out outcomes per task.
 
     Args:
-        row: The run's :func:`~agentenv.trainer.experiments.study.study_row`.
+        row: The run's :func:`~agentenv.trainer.experiments.study_report.study_row`.
         run_dir: Its run folder (``eval_before.json``, ``eval_after.json`` where present).
         seed: The run's ``run.seed``.
     """
@@ -305,27 +307,17 @@ def run_seeded_study(name: str, root: Path, *, seeds: int, effect: float, result
     Raises:
         ConfigError, RunFolderError, AgentEnvError: as :func:`~agentenv.trainer.experiments.study.run_study`.
     """
-    from agentenv.trainer.experiments.study import (
-        budget,
-        check_folder,
-        get_study,
-        run_setting,
-        scale,
-        setting_configs,
-        study_row,
-    )
-
-    study = get_study(name)
+    study = runner.get_study(name)
     if not study.expect:
         raise ConfigError(f"study {name!r} states no expectation to decide (Study.expect)")
     if not 0 < effect < 1:
         raise ConfigError(f"--effect is a difference in held-out success in (0, 100) points, got {100 * effect:g}")
     results = results or root / "results"
-    plan = [(k, setting_configs(study, root, quick=quick, overrides=overrides, seed=k)) for k in range(seeds)]
-    check_folder(root, study, quick=quick, resume=resume, seeded=True)
+    plan = [(k, runner.setting_configs(study, root, quick=quick, overrides=overrides, seed=k)) for k in range(seeds)]
+    runner.check_folder(root, study, quick=quick, resume=resume, seeded=True)
     root.mkdir(parents=True, exist_ok=True)
     _, seconds = budget(study, quick)
-    described = scale(plan[0][1][0][1], study, quick)
+    described = study_report.scale(plan[0][1][0][1], study, quick)
     head_json = {"study": study.name, "quick": quick, "seeds": seeds, "results": str(results)}
     (root / "study.json").write_text(json.dumps(head_json, indent=2))  # the folder is this study's from now on
     interrupted = False
@@ -336,10 +328,10 @@ def run_seeded_study(name: str, root: Path, *, seeds: int, effect: float, result
                 log(f"{head}: in {results}, kept")
                 continue
             run_dir = root / setting.name / f"seed{k}"
-            finished, user_stop = run_setting(study, setting, cfg, run_dir, seconds=seconds, share=share,
-                                              log=log, head=head)
+            finished, user_stop = runner.run_setting(study, setting, cfg, run_dir, seconds=seconds, share=share,
+                                                     log=log, head=head)
             if finished:
-                row = study_row(study, setting.name, run_dir)
+                row = study_report.study_row(study, setting.name, run_dir)
                 log(f"{head}: written to {write_result(results, seed_result(row, run_dir, seed=k))}")
             if not finished or user_stop:
                 interrupted = True

@@ -15,7 +15,7 @@ from typing import Literal
 
 __all__ = [
     "BASE_OVERRIDES", "BASE_RECIPE", "FIGURES", "QUICK_OVERRIDES", "SEED_SPREAD", "STUDIES", "WALL_CLOCK_S",
-    "Expectation", "Setting", "Study",
+    "Expectation", "Setting", "Study", "budget",
 ]
 
 #: The task every study trains on: the CPU default on integer-expression problems.
@@ -211,3 +211,15 @@ STUDIES: dict[str, Study] = {s.name: s for s in (
           ("success_after", "tool_calls", "reward_last5"),
           expect=(Expectation("keep_0.9", "no_filter", "higher"),)),
 )}
+
+
+def budget(study: Study, quick: bool) -> tuple[int | None, float | None]:
+    """``(updates, seconds)`` per setting: equal updates, or equal wall-clock seconds.
+
+    ``updates`` None is the base recipe's ``run.updates``: the lr schedule's horizon (a wall-clock
+    setting keeps it, so that its warm-up and decay are the default's, and stops when its seconds are
+    spent).
+    """
+    if study.seconds is not None:
+        return study.updates, QUICK_SECONDS if quick else study.seconds
+    return (QUICK_UPDATES if quick else study.updates), None
