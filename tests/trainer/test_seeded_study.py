@@ -148,6 +148,9 @@ def test_the_summary_spread_by_hand():
     assert full["after_sd"] == pytest.approx(0.25) and (full["after_min"], full["after_max"]) == (0.5, 1.0)
     assert pos["after_mean"] == pytest.approx(0.4167, abs=1e-4) and pos["figures"]["tool_calls_after"] == 0.5
     assert summary["detectable"] == pytest.approx(Z * 0.083 * math.sqrt(2 / 3), abs=1e-4)
+    # positive_only's after: 0.5, 0.25, 0.5 (sd 0.1443); pooled with full_baseline's 0.25 over 2 + 2 df
+    assert pos["after_sd"] == pytest.approx(0.1443, abs=1e-4)
+    assert summary["measured_sd"] == pytest.approx(math.sqrt((0.25**2 + 0.1443**2) / 2), abs=1e-4)
     claims = {c["figure"]: c for c in summary["claims"]}
     assert claims["tool_calls_after"]["difference"] == pytest.approx(-0.5)
     assert claims["tool_calls_after"]["verdict"] == REPRODUCED
@@ -228,3 +231,12 @@ def test_bad_study_arguments(tmp_path):
     with pytest.raises(ConfigError, match="--effect"):
         run_seeded_study("signed_feedback", tmp_path / "s", seeds=2, effect=10.0, quick=True)
     assert study.main(["signed_feedback", "--results", str(tmp_path / "r")]) == 2
+
+
+def test_the_command_line_runs_a_study_over_seeds(tmp_path, fake_training, capsys):
+    assert study.main(["signed_feedback", "--quick", "--seeds", "2", "--effect", "15",
+                       "--run-dir", str(tmp_path / "s")]) == 0
+    held = json.loads((tmp_path / "s" / "study.json").read_text())
+    assert (held["seeds"], held["effect"]) == (2, 0.15) and len(fake_training) == 4
+    assert "# Study signed_feedback, over seeds" in capsys.readouterr().out
+    assert study.main(["signed_feedback", "--quick", "--seeds", "none", "--run-dir", str(tmp_path / "t")]) == 2

@@ -27,6 +27,7 @@ lies on the other side; "undecided at this scale": it holds zero.
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -219,7 +220,8 @@ def seeded_summary(study: Study, records: Mapping[tuple[str, int], Mapping[str, 
 
     A claim needs two seeds of both settings for a verdict (one seed has no seed-to-seed spread to
     resample). ``detectable`` is the difference in held-out success that ``seeds`` seeds detect with
-    80% power, given ``sd``.
+    80% power, given ``sd``; ``measured_sd`` the spread of held-out success after in this study,
+    pooled over the settings with two seeds or more (None without any), to size the next one.
     """
     settings = []
     for setting in study.settings:
@@ -242,7 +244,11 @@ def seeded_summary(study: Study, records: Mapping[tuple[str, int], Mapping[str, 
             "after_min": min(after) if after else None, "after_max": max(after) if after else None,
             "gain_mean": round(statistics.fmean(gains), 4) if gains else None, "figures": figures,
         })
-    return {"study": study.name, "seeds_planned": seeds, "effect": effect, "sd": sd,
+    # the spread measured here, pooled over the settings with two seeds or more (df-weighted variances)
+    pooled = [(len(x["seeds"]) - 1, x["after_sd"]) for x in settings if x["after_sd"] is not None]
+    df = sum(d for d, _ in pooled)
+    measured = round(math.sqrt(sum(d * v * v for d, v in pooled) / df), 4) if df else None
+    return {"study": study.name, "seeds_planned": seeds, "effect": effect, "sd": sd, "measured_sd": measured,
             "detectable": round(detectable_effect(sd, seeds), 4), "settings": settings,
             "claims": [compare(e, records, effect=effect) for e in study.expect]}
 
@@ -260,7 +266,9 @@ def seeded_markdown(study: Study, summary: Mapping[str, Any], scale: str) -> str
              f"Seeds: {summary['seeds_planned']} per setting, seeds 0-{summary['seeds_planned'] - 1}. With one run's "
              f"spread of {_pts(summary['sd'])} points (sd of held-out success over seeds of the default), "
              f"{summary['seeds_planned']} seeds detect a difference of {_pts(summary['detectable'])} points in "
-             "held-out success with 80% power at the 5% level.", "",
+             "held-out success with 80% power at the 5% level"
+             + (f"; the spread measured here, pooled over settings: {_pts(summary['measured_sd'])} points."
+                if summary["measured_sd"] is not None else "."), "",
              "| setting | seeds | after: mean | sd | range | gain: mean | "
              + " | ".join(k for k in study.figures if k != "success_after") + " |",
              "|---|---:|---:|---:|---|---:|" + "---:|" * sum(k != "success_after" for k in study.figures)]
