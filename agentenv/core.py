@@ -25,16 +25,48 @@ ActT = TypeVar("ActT")
 TEXT_CHARSET = frozenset(chr(c) for c in range(32, 127)) | frozenset("\n\t\r")
 
 
-def text_space(max_length: int = 65_536) -> spaces.Text:
-    """A Gymnasium ``Text`` space wide enough for real observations (tracebacks, punctuation).
+class UnicodeText(spaces.Text):
+    """``spaces.Text`` whose ``contains`` accepts any Unicode string of length ``[min_length, max_length]``.
 
-    Gymnasium's default charset is letters and digits only, which rejects almost every real
-    observation; this one holds printable ASCII and whitespace.
+    Tool output and math problems hold characters outside printable ASCII (``’``, ``π``, box drawing
+    in tracebacks), which Gymnasium's ``Text`` rejects whatever its charset. ``contains`` accepts any
+    ``str`` of allowed length without a NUL character; ``sample()`` draws from :data:`TEXT_CHARSET`,
+    so it stays cheap and reproducible.
+
+    Args:
+        max_length: Longest allowed string, in characters.
+        min_length: Shortest allowed string, in characters.
+        seed: Seeds ``sample()``.
+    """
+
+    def __init__(self, max_length: int = 65_536, *, min_length: int = 0, seed: Any = None) -> None:
+        super().__init__(max_length, min_length=min_length, charset="".join(sorted(TEXT_CHARSET)), seed=seed)
+
+    def contains(self, x: Any) -> bool:
+        """True for a ``str`` of allowed length with no NUL character."""
+        return isinstance(x, str) and self.min_length <= len(x) <= self.max_length and "\x00" not in x
+
+    def __repr__(self) -> str:
+        return f"UnicodeText({self.min_length}, {self.max_length})"
+
+    def __eq__(self, other: Any) -> bool:
+        return isinstance(other, UnicodeText) and (self.min_length, self.max_length) == (
+            other.min_length,
+            other.max_length,
+        )
+
+
+def text_space(max_length: int = 65_536) -> UnicodeText:
+    """The text space of an env's observations or actions: any Unicode string up to ``max_length`` characters.
+
+    Gymnasium's ``Text`` takes only the characters of its charset (letters and digits by default),
+    which rejects almost every real observation; this one takes any text without a NUL
+    (:class:`UnicodeText`).
 
     Args:
         max_length: Longest allowed string, in characters.
     """
-    return spaces.Text(max_length=max_length, min_length=0, charset="".join(sorted(TEXT_CHARSET)))
+    return UnicodeText(max_length)
 
 
 class StepResult(NamedTuple, Generic[ObsT]):

@@ -137,3 +137,30 @@ async def test_every_registered_id_that_can_be_built(data_dir) -> None:
     expected = [i for i in ids if _buildable(i)]
     assert checked == expected, skipped
     assert len(checked) >= 1 + int(_buildable("alfworld"))
+
+
+def test_the_text_space_holds_any_unicode_text_up_to_its_length() -> None:
+    from gymnasium import spaces
+
+    space = agentenv.text_space(8)
+    assert isinstance(space, spaces.Text) and space.max_length == 8
+    for text in ("", "x = 1", "π ≈ 3.14", "a’b\n\tc", "┌─┐"):
+        assert space.contains(text), text
+    for bad in ("nine char", "a\x00b", b"bytes", 3):
+        assert not space.contains(bad), bad
+    assert space == agentenv.text_space(8) and space != agentenv.text_space(9)
+    sample = agentenv.text_space(8).sample()  # drawn from printable ASCII and whitespace
+    assert space.contains(sample) and set(sample) <= agentenv.core.TEXT_CHARSET
+
+
+class UnicodeObservationEnv(RepeatNumberEnv):
+    """Observes a non-ASCII prompt: an env of the declared text space passes the checker."""
+
+    async def reset(self, *, seed=None, options=None):
+        obs, info = await super().reset(seed=seed, options=options)
+        return "Répète le nombre: " + obs, info
+
+
+async def test_an_env_observing_unicode_text_passes_the_checker() -> None:
+    report = await check_env(UnicodeObservationEnv(), actions=["x"])
+    assert report.checks == ALL_CHECKS

@@ -17,7 +17,7 @@ HEAVY = ("torch", "transformers", "docker", "starlette", "uvicorn", "httpx", "re
 PROBE = """
 import json, sys
 import agentenv
-import agentenv.checker, agentenv.gym_adapter, agentenv.text_spaces
+import agentenv.checker, agentenv.gym_adapter
 env = agentenv.make("python_tool", sandbox_backend="process")
 print(json.dumps(sorted(name for name in {heavy!r} if name in sys.modules)))
 """

@@ -75,7 +75,7 @@ import importlib.util, json, sys
 sys.path[:0] = [{site!r}, {pkg!r}]
 isolated = importlib.util.find_spec("torch") is None and importlib.util.find_spec("docker") is None
 import agentenv
-import agentenv.checker, agentenv.gym_adapter, agentenv.text_spaces
+import agentenv.checker, agentenv.gym_adapter
 env = agentenv.make("python_tool", sandbox_backend="process")
 from agentenv import cli
 code = cli.main(["train", "--help"])

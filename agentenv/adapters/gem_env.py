@@ -22,9 +22,8 @@ from typing import Any
 
 from agentenv.adapters._common import PrivateRandom, SeedTasks, root_logging_kept
 from agentenv.adapters.needs import source_needs, unavailable_reason
-from agentenv.core import Env, StepResult, TaskSet
+from agentenv.core import Env, StepResult, TaskSet, text_space
 from agentenv.errors import ClosedError, ConfigError, EnvUnavailable, ResetNeeded
-from agentenv.text_spaces import UnicodeText
 
 PREFIX = "gem/"
 
@@ -57,8 +56,8 @@ class GemEnv(Env[str, str]):
             before GEM builds it, the message names what is missing and how to install it.
     """
 
-    observation_space = UnicodeText(1 << 17)
-    action_space = UnicodeText(1 << 16)
+    observation_space = text_space(1 << 17)
+    action_space = text_space(1 << 16)
     cut_turn = "act"
     """A game's reply cut by the token budget is still played as the move; GEM's single-answer tasks
     (ids not starting with ``game:``) set ``"end"`` on the instance: a cut answer is never graded."""

@@ -23,12 +23,11 @@ from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from typing import Any
 
-from agentenv.core import Env, StepResult, TaskSet
+from agentenv.core import Env, StepResult, TaskSet, text_space
 from agentenv.envs.python_tool.answers import extract_last_boxed
 from agentenv.envs.python_tool.datasets import MathProblem
 from agentenv.envs.python_tool.env import PythonToolEnv
 from agentenv.errors import ClosedError, ConfigError, DataError, ResetNeeded
-from agentenv.text_spaces import UnicodeText
 
 PREFIX = "reasoning_gym/"
 TOOL_PREFIX = "reasoning_gym_tool/"
@@ -94,8 +93,8 @@ class ReasoningGymEnv(Env[str, str]):
         ConfigError: ``size < 1``, ``seed < 0``, or ``config`` the family's generator rejects.
     """
 
-    observation_space = UnicodeText(1 << 17)
-    action_space = UnicodeText(1 << 16)
+    observation_space = text_space(1 << 17)
+    action_space = text_space(1 << 16)
     cut_turn = "end"
     """One graded answer: a reply cut by the token budget ends the episode ungraded (reward 0)."""
 

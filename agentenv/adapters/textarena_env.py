@@ -36,9 +36,8 @@ from typing import Any
 
 from agentenv.adapters._common import PrivateRandom, SeedTasks
 from agentenv.adapters.needs import source_needs, unavailable_reason
-from agentenv.core import Env, StepResult, TaskSet
+from agentenv.core import Env, StepResult, TaskSet, text_space
 from agentenv.errors import ClosedError, ConfigError, EnvUnavailable, ResetNeeded
-from agentenv.text_spaces import UnicodeText
 
 PREFIX = "textarena/"
 
@@ -93,8 +92,8 @@ class TextArenaEnv(Env[str, str]):
             code runs, the message names what is missing and how to install it.
     """
 
-    observation_space = UnicodeText(1 << 17)
-    action_space = UnicodeText(1 << 16)
+    observation_space = text_space(1 << 17)
+    action_space = text_space(1 << 16)
     cut_turn = "act"
     """Games: a reply cut by the token budget is still played as the move, and the game goes on."""
 

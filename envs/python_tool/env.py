@@ -7,14 +7,13 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
-from agentenv.core import Demonstration, Env, StepResult, TaskSet
+from agentenv.core import Demonstration, Env, StepResult, TaskSet, text_space
 from agentenv.envs.python_tool.datasets import MathProblem, load_math
 from agentenv.envs.python_tool.grading import Grader, default_grader
 from agentenv.envs.python_tool.tool import PYTHON_TOOL_SCHEMA, SYSTEM_PROMPT, check_arguments, format_result
 from agentenv.errors import ClosedError, ConfigError, DataError, GradingError, ResetNeeded
 from agentenv.faults import fault_point
 from agentenv.sandboxes import SandboxLimits, create_sandbox_pool
-from agentenv.text_spaces import UnicodeText
 from agentenv.tool_calls import HermesToolCallParser, ToolCallError, ToolCallParser, get_tool_parser
 
 INSTRUCTION = "\n\nPut your final answer within \\boxed{}."
@@ -81,8 +80,8 @@ class PythonToolEnv(Env[str, str]):
     tools: Sequence[Mapping[str, Any]] = (PYTHON_TOOL_SCHEMA,)
     system_prompt: str | None = SYSTEM_PROMPT
     timing_info_keys: ClassVar[tuple[str, ...]] = ("sandbox_s", "grading_s")
-    observation_space = UnicodeText(1 << 17)
-    action_space = UnicodeText(1 << 16)
+    observation_space = text_space(1 << 17)
+    action_space = text_space(1 << 16)
     demonstrations_tag: ClassVar[str | None] = ""  # adds nothing to the warm-up cache key (the CPU default's)
     #: Expected seconds of one turn (a reply generated on a CPU engine and its tool call): the unit
     #: of the episode deadline.
