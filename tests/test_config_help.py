@@ -72,7 +72,7 @@ def test_every_training_config_value_is_listed_once_and_documented():
     assert undocumented == []
     by_name = {f.name: f for f in fields}
     assert by_name["optim.warmup_ratio"].default == 0.0 and "share of the run" in by_name["optim.warmup_ratio"].doc
-    assert by_name["run.entropy_probe"].default == 16
+    assert by_name["run.entropy_probe"].default == 4
 
 
 def test_agentenv_train_help_config(capsys):
@@ -82,7 +82,7 @@ def test_agentenv_train_help_config(capsys):
         main(["--help-config", "run"])
     assert done.value.code == 0
     out = capsys.readouterr().out
-    assert out.startswith("run.run_dir: str = 'runs/python_tool_cpu'") and "run.entropy_probe: int = 16" in out
+    assert out.startswith("run.run_dir: str = 'runs/python_tool_cpu'") and "run.entropy_probe: int = 4" in out
     assert not any(line.startswith(("optim.", "env.")) for line in out.splitlines())
     with pytest.raises(SystemExit) as bad:
         main(["--help-config", "optimizer"])
