@@ -27,22 +27,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args()
 
-    import torch
-
     sys.path.insert(0, __file__.rsplit("/", 1)[0])
     from bench_learner_memory import _rows
+    from bench_learner_step import default_learner
 
-    from agentenv.malloc import return_freed_memory_to_os
-    from agentenv.models import load_model_and_tokenizer
-    from agentenv.trainer.learner import Learner
-    from agentenv.trainer.learner_config import LearnerConfig, ObjectiveConfig, OptimConfig
-
-    return_freed_memory_to_os()  # as agentenv train does
-    torch.set_num_threads(2)
-    torch.manual_seed(0)
-    model, _ = load_model_and_tokenizer(None)
-    learner = Learner(model, OptimConfig(lr=3e-5), objective=ObjectiveConfig(delta=10.0),
-                      execution=LearnerConfig(micro_batch_size=16, max_tokens_per_micro_batch=512))
+    learner = default_learner(512)
     learner.update(_rows({"rows": 16, "prefix": 250}, 1))  # AdamW's moments are created
     times: dict[str, list[float]] = {"update": [], "probe_16_rows": [], "probe_4_rows": []}
     for i in range(args.repeats):

@@ -24,12 +24,9 @@ import sys
 import time
 
 
-def run_one(budget: int | None, updates: int) -> dict:
-    """Time ``updates`` updates (after one warm-up) at ``budget`` tokens per micro-batch in this process."""
+def default_learner(budget: int | None):
+    """The CPU default's learner (the embedded model, float32, 2 threads) at ``budget`` tokens per micro-batch."""
     import torch
-
-    sys.path.insert(0, __file__.rsplit("/", 1)[0])
-    from bench_learner_memory import _rows, _rss
 
     from agentenv.malloc import return_freed_memory_to_os
     from agentenv.models import load_model_and_tokenizer
@@ -40,8 +37,16 @@ def run_one(budget: int | None, updates: int) -> dict:
     torch.set_num_threads(2)
     torch.manual_seed(0)
     model, _ = load_model_and_tokenizer(None)
-    learner = Learner(model, OptimConfig(lr=3e-5), objective=ObjectiveConfig(delta=10.0),
-                      execution=LearnerConfig(micro_batch_size=16, max_tokens_per_micro_batch=budget))
+    return Learner(model, OptimConfig(lr=3e-5), objective=ObjectiveConfig(delta=10.0),
+                   execution=LearnerConfig(micro_batch_size=16, max_tokens_per_micro_batch=budget))
+
+
+def run_one(budget: int | None, updates: int) -> dict:
+    """Time ``updates`` updates (after one warm-up) at ``budget`` tokens per micro-batch in this process."""
+    sys.path.insert(0, __file__.rsplit("/", 1)[0])
+    from bench_learner_memory import _rows, _rss
+
+    learner = default_learner(budget)
     rows = _rows({"rows": 16, "prefix": 250}, 1)
     learner.update(rows)  # warm-up: AdamW's moments are created
     seconds = []
