@@ -89,11 +89,8 @@ def paired_bootstrap(before: Sequence[float], after: Sequence[float], *, resampl
     if resamples < 100:
         raise DataError(f"resamples must be >= 100, got {resamples}")
     diff = a - b
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, diff.size, size=(resamples, diff.size))
-    means = diff[idx].mean(axis=1)
-    low, high = np.quantile(means, [0.025, 0.975])
-    return ImprovementInterval(float(b.mean()), float(a.mean()), float(diff.mean()), float(low), float(high),
+    low, high = _mean_interval(diff, resamples, seed)
+    return ImprovementInterval(float(b.mean()), float(a.mean()), float(diff.mean()), low, high,
                                int(diff.size), "paired_bootstrap")
 
 
@@ -182,8 +179,13 @@ def seed_bootstrap(differences: Sequence[float], *, resamples: int = 10_000, see
         raise DataError(f"a seed bootstrap needs one finite difference per seed, got {list(differences)}")
     if resamples < 100:
         raise DataError(f"resamples must be >= 100, got {resamples}")
+    return _mean_interval(d, resamples, seed)
+
+
+def _mean_interval(values: np.ndarray, resamples: int, seed: int) -> tuple[float, float]:
+    """Percentile 95% interval of ``values.mean()``, resampling the ``(n,)`` values with replacement."""
     rng = np.random.default_rng(seed)
-    means = d[rng.integers(0, d.size, size=(resamples, d.size))].mean(axis=1)
+    means = values[rng.integers(0, values.size, size=(resamples, values.size))].mean(axis=1)
     low, high = np.quantile(means, [0.025, 0.975])
     return float(low), float(high)
 
