@@ -134,13 +134,11 @@ def result_path(results: Path, setting: str, seed: int) -> Path:
     return results / setting / f"seed{seed}.json"
 
 
-def write_result(results: Path, record: Mapping[str, Any]) -> Path:
+def write_result(results: Path, record: dict[str, Any]) -> Path:
     """Write one (setting, seed) record atomically; return its path."""
     path = result_path(results, record["setting"], record["seed"])
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record, indent=1))
-    tmp.replace(path)
+    runner.write_json(path, record)
     return path
 
 
@@ -167,13 +165,6 @@ def read_results(results: Path, study: Study) -> dict[tuple[str, int], dict[str,
 # ---------------------------------------------------------------------------------------------
 # the table and the verdicts
 # ---------------------------------------------------------------------------------------------
-def _aligned(a: Mapping[str, Any], b: Mapping[str, Any], what: str) -> tuple[list[float], list[float]]:
-    by_id = dict(zip(b["task_ids"], b["outcomes"], strict=True))
-    if sorted(by_id) != sorted(a["task_ids"]):
-        raise DataError(f"{what}: the held-out evaluations are not of the same tasks")
-    return list(a["outcomes"]), [by_id[t] for t in a["task_ids"]]
-
-
 def compare(expectation: Expectation, records: Mapping[tuple[str, int], Mapping[str, Any]], *, effect: float,
             resamples: int = 10_000) -> dict[str, Any]:
     """One claim against the seeds both its settings finished: the paired difference, its interval, the verdict.
@@ -199,7 +190,8 @@ def compare(expectation: Expectation, records: Mapping[tuple[str, int], Mapping[
         seeds = [s for s in both if ref[s]["after"] is not None and new[s]["after"] is not None]
         if not seeds:
             return out
-        aligned = [_aligned(ref[s]["after"], new[s]["after"], f"{e.setting} against {e.reference}") for s in seeds]
+        aligned = [study_report.paired_outcomes(ref[s]["after"], new[s]["after"], f"{e.setting} against {e.reference}")
+                   for s in seeds]
         iv = seed_task_bootstrap([r for r, _ in aligned], [x for _, x in aligned], resamples=resamples)
         diff, low, high = iv.delta, iv.low, iv.high
     else:
@@ -226,23 +218,16 @@ def seeded_summary(study: Study, records: Mapping[tuple[str, int], Mapping[str, 
     settings = []
     for setting in study.settings:
         done = sorted(s for (name, s) in records if name == setting.name)
+        rows = [records[setting.name, s]["row"] for s in done]
         after = [records[setting.name, s]["after"]["success_rate"] for s in done
                  if records[setting.name, s]["after"] is not None]
-        gains = [records[setting.name, s]["row"].get("gain") for s in done]
-        gains = [g for g in gains if g is not None]
-        figures = {}
-        for key in study.figures:
-            if key == "success_after":
-                continue
-            xs = [records[setting.name, s]["row"].get(key) for s in done]
-            xs = [x for x in xs if x is not None]
-            figures[key] = round(statistics.fmean(xs), 4) if xs else None
+        figures = {key: study_report.mean_of([r.get(key) for r in rows])
+                   for key in study.figures if key != "success_after"}
         settings.append({
-            "setting": setting.name, "seeds": done,
-            "after_mean": round(statistics.fmean(after), 4) if after else None,
+            "setting": setting.name, "seeds": done, "after_mean": study_report.mean_of(after),
             "after_sd": round(statistics.stdev(after), 4) if len(after) > 1 else None,
             "after_min": min(after) if after else None, "after_max": max(after) if after else None,
-            "gain_mean": round(statistics.fmean(gains), 4) if gains else None, "figures": figures,
+            "gain_mean": study_report.mean_of([r.get("gain") for r in rows]), "figures": figures,
         })
     # the spread measured here, pooled over the settings with two seeds or more (df-weighted variances)
     pooled = [(len(x["seeds"]) - 1, x["after_sd"]) for x in settings if x["after_sd"] is not None]
@@ -327,7 +312,7 @@ def run_seeded_study(name: str, root: Path, *, seeds: int, effect: float, result
     _, seconds = budget(study, quick)
     described = study_report.scale(plan[0][1][0][1], study, quick)
     head_json = {"study": study.name, "quick": quick, "seeds": seeds, "results": str(results)}
-    (root / "study.json").write_text(json.dumps(head_json, indent=2))  # the folder is this study's from now on
+    runner.write_json(root / "study.json", head_json)  # the folder is this study's from now on
     interrupted = False
     for k, configs in plan:
         for i, (setting, cfg) in enumerate(configs, 1):
@@ -351,5 +336,5 @@ def run_seeded_study(name: str, root: Path, *, seeds: int, effect: float, result
     (root / "study.md").write_text(seeded_markdown(study, summary, described)
                                    + ("\nStopped before every seed finished: `--resume` continues.\n"
                                       if interrupted else ""))
-    (root / "study.json").write_text(json.dumps({**head_json, **summary}, indent=2))
+    runner.write_json(root / "study.json", {**head_json, **summary})
     return summary

@@ -55,7 +55,7 @@ from agentenv.trainer.run_process import train_in_child
 
 __all__ = [
     "check_folder", "get_study", "main", "plot_study", "run_setting", "run_study", "setting_configs", "study_markdown",
-    "study_row", "table", "wilson_interval",
+    "study_row", "table", "wilson_interval", "write_json",
 ]
 
 
@@ -163,7 +163,7 @@ def run_study(name: str, root: Path, *, quick: bool = False, resume: bool = Fals
     result: dict[str, Any] = {"study": study.name, "quick": quick, "claim": study.claim,
                               "settings": [s.name for s, _ in configs], "overrides": list(overrides),
                               "scale": scale(configs[0][1], study, quick), "rows": [], "interrupted": False}
-    _write_json(root / "study.json", result)
+    write_json(root / "study.json", result)
     for i, (setting, cfg) in enumerate(configs, 1):
         run_dir = root / setting.name
         finished, user_stop = run_setting(study, setting, cfg, run_dir, seconds=seconds, share=share, log=log,
@@ -182,7 +182,7 @@ def run_study(name: str, root: Path, *, quick: bool = False, resume: bool = Fals
         plots = plot_study(study, root, [r["setting"] for r in result["rows"]], result["rows"])
         result["plots"] = [str(p.relative_to(root)) for p in plots]
         (root / "study.md").write_text(study_markdown(study, result))
-    _write_json(root / "study.json", result)
+    write_json(root / "study.json", result)
     return result
 
 
@@ -212,7 +212,7 @@ def run_setting(study: Study, setting: Setting, cfg: TrainConfig, run_dir: Path,
         return True, False
     if same is not None:
         copy_finished(same, run_dir)
-        _write_json(run_dir / MARKER, {"study": study.name, "setting": setting.name, "finished": True,
+        write_json(run_dir / MARKER, {"study": study.name, "setting": setting.name, "finished": True,
                                        "key": key, "shared_from": _relative(same, parent)})
         log(f"{head}: the same config and budget as {same}, which finished: copied, not rerun")
         return True, False
@@ -229,7 +229,7 @@ def run_setting(study: Study, setting: Setting, cfg: TrainConfig, run_dir: Path,
     if not finished:
         log(f"{head}: stopped; run the same command with --resume to continue")
         return False, user_stop
-    _write_json(run_dir / MARKER, {"study": study.name, "setting": setting.name, "finished": True, "key": key})
+    write_json(run_dir / MARKER, {"study": study.name, "setting": setting.name, "finished": True, "key": key})
     if user_stop:
         log(f"{head}: stopped after this setting; run the same command with --resume to continue")
     return True, user_stop
@@ -270,7 +270,7 @@ def _add_loop_seconds(run_dir: Path, *, since: float) -> None:
     if not summary.is_file() or summary.stat().st_mtime < since:
         return
     spent = loop_seconds_spent(run_dir) + json.loads(summary.read_text())["train_s"]
-    _write_json(run_dir / BUDGET_FILE, {"loop_s": spent})
+    write_json(run_dir / BUDGET_FILE, {"loop_s": spent})
 
 
 def _relative(path: Path, parent: Path) -> str:
@@ -297,7 +297,7 @@ def _start_setting(cfg: TrainConfig, run_dir: Path, share_in: Path | None, *, lo
     if source is not None:
         report = json.loads((source / "eval_before.json").read_text())
         report["shared_from"] = _relative(source, share_in)
-        _write_json(run_dir / "eval_before.json", report)
+        write_json(run_dir / "eval_before.json", report)
         log(f"{head}: held-out 'before' evaluation ({report['success_rate']:.3f}) copied from {source}: the same "
             f"model, warm-up, rollout budgets, env and evaluation (key {before_key(cfg)})")
 
@@ -314,7 +314,8 @@ def _nothing_to_resume(run_dir: Path) -> bool:
     return latest_checkpoint(run_dir / "checkpoints") is None and records_updates(run_dir)
 
 
-def _write_json(path: Path, data: dict[str, Any]) -> None:
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    """Write ``data`` as JSON to ``path`` atomically (a temporary file, then a rename)."""
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(data, indent=2))
     tmp.replace(path)

@@ -22,8 +22,8 @@ from agentenv.trainer.experiments.studies import FIGURES, Study, budget
 from agentenv.trainer.experiments.study_share import MARKER
 
 __all__ = [
-    "PAIRED", "format_cell", "plot_study", "scale", "study_markdown", "study_row", "table", "table_columns",
-    "wilson_interval",
+    "PAIRED", "format_cell", "mean_of", "paired_outcomes", "plot_study", "scale", "study_markdown", "study_row",
+    "table", "table_columns", "wilson_interval",
 ]
 
 
@@ -41,7 +41,8 @@ def wilson_interval(successes: float, n: int) -> tuple[float, float]:
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
-def _mean(xs: Sequence[float]) -> float | None:
+def mean_of(xs: Sequence[float | None]) -> float | None:
+    """The mean of the values that are not None or NaN, rounded to 4 decimals; None when there are none."""
     xs = [x for x in xs if x is not None and x == x]
     return round(statistics.fmean(xs), 4) if xs else None
 
@@ -54,10 +55,10 @@ def _failed_tokens(records: Sequence[dict[str, Any]], last: int = 5) -> float | 
     """
     records = [r for r in records if r.get("policy_tokens") is not None and r.get("reward") is not None]
     latest = set(sorted({r["version"] for r in records})[-last:])
-    return _mean([r["policy_tokens"] for r in records if r["version"] in latest and r["reward"] <= 0])
+    return mean_of([r["policy_tokens"] for r in records if r["version"] in latest and r["reward"] <= 0])
 
 
-def _paired_outcomes(a: dict[str, Any], b: dict[str, Any], what: str) -> tuple[list[float], list[float]]:
+def paired_outcomes(a: dict[str, Any], b: dict[str, Any], what: str) -> tuple[list[float], list[float]]:
     """Two evaluations' per-task outcomes in the same task order (by ``task_ids`` where both have them).
 
     Raises:
@@ -78,7 +79,7 @@ def _paired_outcomes(a: dict[str, Any], b: dict[str, Any], what: str) -> tuple[l
 
 def _paired_delta(before: dict[str, Any], after: dict[str, Any], what: str) -> tuple[float, list[float]]:
     """``mean(after) - mean(before)`` over the same tasks and its paired-bootstrap 95% interval (rounded)."""
-    iv = paired_bootstrap(*_paired_outcomes(before, after, what))
+    iv = paired_bootstrap(*paired_outcomes(before, after, what))
     return round(iv.delta, 4), [round(iv.low, 4), round(iv.high, 4)]
 
 
@@ -103,20 +104,20 @@ def study_row(study: Study, setting: str, run_dir: Path, reference: Path | None 
     evals = {k: json.loads(p.read_text()) for k in ("before", "after") if (p := run_dir / f"eval_{k}.json").is_file()}
     rewards = [m["reward/mean"] for m in metrics]
     values: dict[str, Any] = {
-        "tool_calls": _mean([m.get("tools/calls") for m in metrics[-5:]]),
+        "tool_calls": mean_of([m.get("tools/calls") for m in metrics[-5:]]),
         "tool_calls_after": evals["after"]["tool_calls_mean"] if "after" in evals else None,
         "reward_last5": base["reward_last5"],
         "reward_std": round(statistics.pstdev(rewards), 4) if len(rewards) > 1 else None,
-        "response_tokens": _mean([m.get("length/policy_tokens") for m in metrics]),
-        "truncated": _mean([m.get("length/truncated") for m in metrics]),  # runs before it was logged: None
-        "turns": _mean([m.get("length/turns") for m in metrics]),
+        "response_tokens": mean_of([m.get("length/policy_tokens") for m in metrics]),
+        "truncated": mean_of([m.get("length/truncated") for m in metrics]),  # runs before it was logged: None
+        "turns": mean_of([m.get("length/turns") for m in metrics]),
         "failed_tokens": _failed_tokens(read_jsonl(run_dir / "staleness.jsonl")),
-        "rho_truncated": _mean([m.get("learner/rho_truncated_fraction") for m in metrics]),
-        "admitted": _mean([m.get("learner/admitted_fraction") for m in metrics]),
-        "admitted_tokens": _mean([m.get("learner/admitted_token_fraction") for m in metrics]),
+        "rho_truncated": mean_of([m.get("learner/rho_truncated_fraction") for m in metrics]),
+        "admitted": mean_of([m.get("learner/admitted_fraction") for m in metrics]),
+        "admitted_tokens": mean_of([m.get("learner/admitted_token_fraction") for m in metrics]),
         "lag_mean": (round(base["gs_mean"] + base["ws_mean"], 3)
                      if base["gs_mean"] is not None and base["ws_mean"] is not None else None),
-        "mean_d": _mean([m.get("learner/mean_d") for m in metrics]),
+        "mean_d": mean_of([m.get("learner/mean_d") for m in metrics]),
         "gs_mean": base["gs_mean"], "ws_mean": base["ws_mean"], "rejection_rate": base["rejection_rate"],
     }
     row: dict[str, Any] = {"setting": setting}
