@@ -174,7 +174,7 @@ def test_every_study_states_expectations_between_its_own_settings():
 def fake_training(monkeypatch):
     calls = []
 
-    def run_setting(st, setting, cfg, run_dir, *, seconds, share, log, head):
+    def run_setting(st, setting, cfg, run_dir, *, root, seconds, share, log, head):
         calls.append((setting.name, cfg.run.seed, run_dir))
         run_dir.mkdir(parents=True, exist_ok=True)
         good = 3 if setting.name == "full_baseline" else 1

@@ -321,8 +321,8 @@ def run_seeded_study(name: str, root: Path, *, seeds: int, effect: float, result
                 log(f"{head}: in {results}, kept")
                 continue
             run_dir = root / setting.name / f"seed{k}"
-            finished, user_stop = runner.run_setting(study, setting, cfg, run_dir, seconds=seconds, share=share,
-                                                     log=log, head=head)
+            finished, user_stop = runner.run_setting(study, setting, cfg, run_dir, root=root, seconds=seconds,
+                                                     share=share, log=log, head=head)
             if finished:
                 row = study_report.study_row(study, setting.name, run_dir)
                 log(f"{head}: written to {write_result(results, seed_result(row, run_dir, seed=k))}")

@@ -166,8 +166,8 @@ def run_study(name: str, root: Path, *, quick: bool = False, resume: bool = Fals
     write_json(root / "study.json", result)
     for i, (setting, cfg) in enumerate(configs, 1):
         run_dir = root / setting.name
-        finished, user_stop = run_setting(study, setting, cfg, run_dir, seconds=seconds, share=share, log=log,
-                                          head=f"[study {study.name}] {i}/{len(configs)} {setting.name}")
+        finished, user_stop = run_setting(study, setting, cfg, run_dir, root=root, seconds=seconds, share=share,
+                                          log=log, head=f"[study {study.name}] {i}/{len(configs)} {setting.name}")
         if not finished:
             result["interrupted"] = True
             break
@@ -186,30 +186,31 @@ def run_study(name: str, root: Path, *, quick: bool = False, resume: bool = Fals
     return result
 
 
-def run_setting(study: Study, setting: Setting, cfg: TrainConfig, run_dir: Path, *, seconds: float | None,
-                share: bool, log: Callable[[str], None], head: str) -> tuple[bool, bool]:
+def run_setting(study: Study, setting: Setting, cfg: TrainConfig, run_dir: Path, *, root: Path,
+                seconds: float | None, share: bool, log: Callable[[str], None], head: str) -> tuple[bool, bool]:
     """Train one setting in ``run_dir`` to its budget, or keep what finished before; ``(finished, user_stop)``.
 
     A folder that finished before (its marker) is kept; with ``share`` a finished identical setting
-    beside the study is copied (:mod:`~agentenv.trainer.experiments.study_share`); a folder stopped
-    half-way resumes; else the setting starts afresh. ``finished`` is False when the run was stopped
+    in a study folder beside ``root`` (the study's folder) is copied
+    (:mod:`~agentenv.trainer.experiments.study_share`); a folder stopped half-way resumes; else the
+    setting starts afresh. ``finished`` is False when the run was stopped
     before its budget; ``user_stop`` is True when Ctrl-C came (after a finished run: keep it, stop
     the study).
 
     Raises:
         AgentEnvError: the setting's process failed or was killed.
     """
+    if (run_dir / MARKER).is_file():
+        log(f"{head}: finished before, kept")
+        return True, False
     key = setting_key(cfg, seconds)
-    partial, finished_before = (run_dir / "config.yaml").is_file(), (run_dir / MARKER).is_file()
-    if partial and not finished_before and _nothing_to_resume(run_dir):
+    partial = (run_dir / "config.yaml").is_file()
+    if partial and _nothing_to_resume(run_dir):
         log(f"{head}: stopped before its first checkpoint (run.checkpoint_every = {cfg.run.checkpoint_every}): "
             "nothing to resume from, starting it again")
         partial = False
-    parent = _study_parent(run_dir, setting)
+    parent = root.parent
     same = find_finished(parent, key, exclude=run_dir) if share and not partial else None
-    if finished_before:
-        log(f"{head}: finished before, kept")
-        return True, False
     if same is not None:
         copy_finished(same, run_dir)
         write_json(run_dir / MARKER, {"study": study.name, "setting": setting.name, "finished": True,
@@ -233,16 +234,6 @@ def run_setting(study: Study, setting: Setting, cfg: TrainConfig, run_dir: Path,
     if user_stop:
         log(f"{head}: stopped after this setting; run the same command with --resume to continue")
     return True, user_stop
-
-
-def _study_parent(run_dir: Path, setting: Setting) -> Path:
-    """The folder that holds the study folders, where shared runs are looked for.
-
-    ``run_dir``'s grandparent (``<study>/<setting>``), or great-grandparent for a seed's folder
-    (``<study>/<setting>/seed<k>``).
-    """
-    study_dir = run_dir.parent if run_dir.name == setting.name else run_dir.parent.parent
-    return study_dir.parent
 
 
 #: A wall-clock setting's update-loop seconds over all its sessions (train's summary has the last one's).
