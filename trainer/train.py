@@ -42,7 +42,7 @@ from agentenv.engines.base import GenerationEngine
 from agentenv.engines.busy import BusyClock, BusyTrackingEngine
 from agentenv.engines.supervised import SupervisedEngine
 from agentenv.faults import FAULTS
-from agentenv.malloc import release_free_heap
+from agentenv.malloc import HeapTrimmer
 from agentenv.pool import BatchSelection, TrajectoryPool, rejection_by_length
 from agentenv.trainer import setup
 from agentenv.trainer.batch_wait import failure_limit, next_batch
@@ -94,8 +94,9 @@ async def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False, stop: 
     halt = asyncio.Event()  # ends the update loop: a stop or a spent budget
     watcher = asyncio.ensure_future(_set_when(stop, halt))
     try:
-        return await _train(cfg, run_dir, parts or LoopParts(), resume=resume, stop=stop, halt=halt,
-                            loop_seconds=loop_seconds)
+        with HeapTrimmer():  # freed heap pages leave the process every half second (agentenv.malloc)
+            return await _train(cfg, run_dir, parts or LoopParts(), resume=resume, stop=stop, halt=halt,
+                                loop_seconds=loop_seconds)
     finally:
         watcher.cancel()
 
@@ -325,13 +326,13 @@ async def _update(run: _Run, selection: BatchSelection) -> UpdateStats:
 
     A batch without gradient takes no step (the version stays, the engine keeps its weights, so the
     next batch is gated at the same lag); it is discarded all the same. The learner counts as busy until
-    the engine holds the new weights; the step's freed activations leave the process before the copy.
+    the engine holds the new weights; the step's freed activations leave the process at the next
+    trim (:class:`~agentenv.malloc.HeapTrimmer`, around the whole run).
     """
     learner, engine = run.learner, run.engine
     with run.instruments.busy.learner.running():
         async with run.learner_lock:
             stats = await asyncio.to_thread(_step, learner, selection)
-        await asyncio.to_thread(release_free_heap)
         if stats.stepped:  # the state-dict copy runs in a worker thread too
             weights = await asyncio.to_thread(learner.weights_for_engine)
             due = run.instruments.due(learner.version, weights)  # under a forced lag: k versions ago, or none
@@ -427,7 +428,6 @@ async def held_out(cfg: TrainConfig, engine: GenerationEngine, renderer: ChatRen
     stopped = asyncio.ensure_future(stop.wait())
     await asyncio.wait({evaluation, stopped}, return_when=asyncio.FIRST_COMPLETED)
     stopped.cancel()
-    await asyncio.to_thread(release_free_heap)
     if not evaluation.done():
         evaluation.cancel()
         await asyncio.gather(evaluation, return_exceptions=True)
