@@ -95,7 +95,7 @@ class HeapTrimmer:
     between updates, and the peak resident set sat about 2 GB above the peak in use. Trimming only
     at fixed points (before the step, after it, before each micro-batch) did not lower the peak,
     because the other thread refills the free pages within seconds; trimming on a clock does
-    (BENCHMARKS.md, "Where a run's memory goes"). One trim takes about 20 ms on that heap (p95 50 ms)
+    (BENCHMARKS.md, "A training run's memory"). One trim takes about 20 ms on that heap (p95 50 ms)
     and briefly holds the allocator's locks.
 
     Use as a context manager (``with HeapTrimmer(): ...``); does nothing where glibc is absent.
