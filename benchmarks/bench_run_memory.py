@@ -12,8 +12,9 @@ process sampling every ``--every`` seconds:
 Reported per setting: the run's peak RSS (``summary.json``'s ``peak_rss_gb``, the kernel's
 high-water mark), the sampled peak of ``live`` (a lower bound: sampled, not tracked), the sampled
 ``rss - live`` at the sampled RSS peak, and the median update and batch-wait seconds. A setting is
-``NAME=OVERRIDES`` (comma-separated ``key=value`` config overrides, empty for the default); the
-environment variables a setting needs go in ``NAME:VAR=VALUE`` form after the overrides, separated by ``;``.
+``NAME=OVERRIDES`` (comma-separated ``key=value`` config overrides, empty for the default),
+optionally followed by ``;VAR=VALUE`` for each environment variable its process needs (e.g.
+``base=;PYTHONPATH=/tmp/wheel_of_main`` runs another tree's code).
 
 Usage (about 5 minutes per setting on the idle 2-core CPU)::
 

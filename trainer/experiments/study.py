@@ -214,7 +214,7 @@ def run_setting(study: Study, setting: Setting, cfg: TrainConfig, run_dir: Path,
     if same is not None:
         copy_finished(same, run_dir)
         write_json(run_dir / MARKER, {"study": study.name, "setting": setting.name, "finished": True,
-                                       "key": key, "shared_from": _relative(same, parent)})
+                                      "key": key, "shared_from": _relative(same, parent)})
         log(f"{head}: the same config and budget as {same}, which finished: copied, not rerun")
         return True, False
     if not partial:
