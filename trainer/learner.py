@@ -22,6 +22,7 @@ import logging
 import math
 import time
 from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -29,6 +30,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from agentenv.engines.sampling import SamplingTransform
+from agentenv.engines.shared_weights import SharedWeights
 from agentenv.errors import DataError
 from agentenv.malloc import release_free_heap
 from agentenv.trainer.batching import (
@@ -125,6 +127,7 @@ class Learner:
         self.scheduler = build_scheduler(self.optimizer, optim, total_steps)
         self._params = params
         self._adapters = has_adapters(model)  # LoRA: only the adapters train and go to the engine
+        self._shared: SharedWeights | None = None
 
     # -- scoring ----------------------------------------------------------------------------------
     @property
@@ -309,9 +312,10 @@ class Learner:
             if not math.isfinite(grad_norm):
                 self.optimizer.zero_grad(set_to_none=True)
                 raise DataError(f"non-finite gradient norm {grad_norm}; batch {list(batch.ids)[:4]} skipped")
-            self.optimizer.step()
-            self.scheduler.step()
-            self.version += 1
+            with self._writing():  # an engine decoding these parameters in place waits for the step
+                self.optimizer.step()
+                self.scheduler.step()
+                self.version += 1
         else:
             log.info(
                 "update skipped at version %d: no gradient (admitted %d/%d rows, advantage std %.3g)",
@@ -347,12 +351,28 @@ class Learner:
         """
         from agentenv.trainer.checkpoint import load_checkpoint
 
-        loaded = load_checkpoint(path, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler)
-        self.version = loaded.version
+        with self._writing():
+            loaded = load_checkpoint(path, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler)
+            self.version = loaded.version
         log_applied(apply_optim_settings(self.optimizer, self.scheduler, self.optim))
         return loaded
 
     # -- weights ----------------------------------------------------------------------------------
+    def share_weights(self) -> SharedWeights:
+        """The lock under which an engine in this process may decode with this learner's own parameters.
+
+        From the first call on, the optimizer step and :meth:`restore` write the parameters inside
+        its ``writing()`` and advance :attr:`version` there; its ``version`` is this learner's. Serve
+        them with ``TransformersEngine.serve_in_place(learner.model, lock)``; :meth:`weights_for_engine`
+        is then not needed.
+        """
+        if self._shared is None:
+            self._shared = SharedWeights(lambda: self.version)
+        return self._shared
+
+    def _writing(self) -> AbstractContextManager[None]:
+        return self._shared.writing() if self._shared is not None else nullcontext()
+
     def weights_for_engine(self, path: Path | str | None = None) -> dict[str, torch.Tensor] | Path:
         """The current weights for ``engine.update_weights(weights, learner.version)``.
 

@@ -4,14 +4,14 @@
 line). In the order it runs:
 
 1. checks: the environment id and arguments, the warm-up, the held-out tasks (seconds, before the model);
-2. model: the policy (learner copy) and the generation engine (engine copy), the trajectory pool and
-   the collector; ``--resume`` restores them (:mod:`agentenv.trainer.resume`); the held-out
-   evaluation before training;
+2. model: the policy and the generation engine (which decodes the learner's own parameters when it
+   runs in the learner's process, :func:`serve_policy`), the trajectory pool and the collector;
+   ``--resume`` restores them (:mod:`agentenv.trainer.resume`); the held-out evaluation before training;
 3. rollout: the collector plays ``run.concurrency`` episodes at a time into the pool (``async``: all
    the time; ``sync``: B episodes, then it waits for the update);
 4. update: the pool hands over a batch of B chosen by the staleness policy (PACE by default); the
-   learner takes exactly one step; the version increments; the new weights reach the engine,
-   interrupting in-flight generation, which continues from its prefix;
+   learner takes exactly one step; the version increments; the new weights reach the engine (a copy, or
+   in place at the next decoding step), interrupting in-flight generation, which continues from its prefix;
 5. logging: a metrics row per consumed batch, per-trajectory staleness, every decision of the
    staleness policy, checkpoints; after the loop, the held-out evaluation, plots and the summary.
 
@@ -62,7 +62,7 @@ from agentenv.trainer.sync_check import SyncCheck
 from agentenv.trainer.update_step import UpdateStats
 from agentenv.trajectory import Trajectory
 
-__all__ = ["held_out", "train"]
+__all__ = ["held_out", "serve_policy", "train"]
 
 logger = logging.getLogger("agentenv.train")
 
@@ -126,6 +126,7 @@ class _Run:
     instruments: Instruments
     learner_lock: asyncio.Lock
     identity: dict[str, Any]
+    in_place: bool = False  # the engine decodes the learner's own parameters: no weights are copied
     resumed: Resumed = field(default_factory=Resumed)
     sync_check: SyncCheck | None = None  # the engine samples the version it claims (trainer/sync_check.py)
     sync_gap: float | None = None  # the latest probe gap (nats per token)
@@ -259,8 +260,8 @@ async def _open(cfg: TrainConfig, run_dir: Path, parts: LoopParts, resume: bool,
                                               lambda m: parts.build_engine(cfg, m, tokenizer))
 
     FAULTS.reset()  # faults/* count from this run's start
-    engine = BusyTrackingEngine(SupervisedEngine(parts.build_engine(cfg, copy.deepcopy(model), tokenizer),
-                                                 rebuild_engine), instruments.busy.engine)
+    served, in_place = serve_policy(cfg, parts, learner, model, tokenizer)
+    engine = BusyTrackingEngine(SupervisedEngine(served, rebuild_engine), instruments.busy.engine)
     group_size = rollouts_per_task(cfg)
     pool = TrajectoryPool(cfg.staleness, group_size=group_size)
     collector = RolloutCollector(
@@ -279,7 +280,7 @@ async def _open(cfg: TrainConfig, run_dir: Path, parts: LoopParts, resume: bool,
         failure_limit=failure_limit(cfg.run.concurrency),
     )
     run = _Run(cfg, run_dir, learner, engine, renderer, pool, collector, CheckpointManager(run_dir / "checkpoints"),
-               instruments, learner_lock, run_identity(cfg, group_size, ensure_run_id(run_dir)))
+               instruments, learner_lock, run_identity(cfg, group_size, ensure_run_id(run_dir)), in_place)
     run.sync_check = parts.sync_check(cfg)
     if resume:
         run.resumed = resume_run(run_dir, run.checkpoints, learner, pool, collector, run.identity)
@@ -289,6 +290,31 @@ async def _open(cfg: TrainConfig, run_dir: Path, parts: LoopParts, resume: bool,
     await instruments.start_lag(learner)  # staleness.forced_lag counts from here
     run.saved_version = learner.version
     return run
+
+
+def serve_policy(cfg: TrainConfig, parts: LoopParts, learner: PolicyLearner, model: torch.nn.Module,
+                 tokenizer: Any) -> tuple[GenerationEngine, bool]:
+    """The generation engine for ``model``, and whether it decodes the learner's own parameters.
+
+    In place (:mod:`agentenv.engines.shared_weights`) when the single-process learner trains
+    ``model`` itself, the config's engine is the transformers engine and no forced lag holds the
+    engine back (``staleness.forced_lag``): the engine is built on a copy of ``model``, then decodes
+    ``model``'s own parameters instead (the copy is dropped), and each optimizer step waits for the
+    decoding step in progress instead of a copy of the weights following it. Otherwise, and for an
+    engine that cannot serve in place (a test's scripted engine), the engine keeps its own copy and
+    each new version is copied into it.
+    """
+    from agentenv.trainer.learner import Learner
+
+    shared = (isinstance(learner, Learner) and learner.model is model and cfg.model.engine == "transformers"
+              and not cfg.staleness.forced_lag)
+    engine = parts.build_engine(cfg, copy.deepcopy(model), tokenizer)
+    serve = getattr(engine, "serve_in_place", None) if shared else None
+    if serve is None:
+        return engine, False
+    serve(model, learner.share_weights())  # the engine's copy is dropped
+    logger.info("the engine decodes the learner's parameters in place (one copy of the weights)")
+    return engine, True
 
 
 # -- 3. rollout and selection ---------------------------------------------------------------------
@@ -322,7 +348,7 @@ async def _rollout(run: _Run, logs: _Logs, halt: asyncio.Event) -> BatchSelectio
 
 # -- 4. update and weight sync --------------------------------------------------------------------
 async def _update(run: _Run, selection: BatchSelection) -> UpdateStats:
-    """One optimizer step on the batch, then the new weights to the engine.
+    """One optimizer step on the batch, then the new weights to the engine (in place: nothing to copy).
 
     A batch without gradient takes no step (the version stays, the engine keeps its weights, so the
     next batch is gated at the same lag); it is discarded all the same. The learner counts as busy until
@@ -333,7 +359,7 @@ async def _update(run: _Run, selection: BatchSelection) -> UpdateStats:
     with run.instruments.busy.learner.running():
         async with run.learner_lock:
             stats = await asyncio.to_thread(_step, learner, selection)
-        if stats.stepped:  # the state-dict copy runs in a worker thread too
+        if stats.stepped and not run.in_place:  # the state-dict copy runs in a worker thread too
             weights = await asyncio.to_thread(learner.weights_for_engine)
             due = run.instruments.due(learner.version, weights)  # under a forced lag: k versions ago, or none
             if due is not None:

@@ -188,7 +188,9 @@ async def rebuild_from_learner(dead: Any, learner: Any, build: Callable[[torch.n
     Call it while the learner does not step (the recipe holds its learner lock), so that the weights and
     the version agree. The dead engine's model module is reused when it has one (the transformers
     engine), with every weight reloaded from the learner; otherwise (vLLM) a copy of the learner's
-    model is built from.
+    model is built from. A dead engine that decoded the learner's parameters in place
+    (:meth:`~agentenv.engines.transformers_engine.TransformersEngine.serve_in_place`) is replaced by one
+    that does too, on the same lock: nothing is copied, and the version is the learner's.
 
     Args:
         dead: The engine that died.
@@ -203,6 +205,11 @@ async def rebuild_from_learner(dead: Any, learner: Any, build: Callable[[torch.n
 
     from agentenv.engines.weights import copy_into
 
+    shared = getattr(dead, "shared_weights", None)
+    if shared is not None:
+        engine = await asyncio.to_thread(build, dead.model)
+        engine.serve_in_place(learner.model, shared)
+        return engine
     weights = await asyncio.to_thread(learner.weights_for_engine)
     version = learner.version
     model = getattr(dead, "model", None)

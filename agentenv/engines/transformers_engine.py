@@ -11,6 +11,10 @@ version that computed cached entries. With ``RECOMPUTE`` each row's prompt plus 
 so far is prefilled again under the new weights (``prefix_version == version``). Output spans split
 exactly at the token where the update landed, and a row's budget stays ``max_new_tokens`` minus the
 tokens it already has.
+
+An engine may instead decode with a learner's own parameters (:meth:`TransformersEngine.serve_in_place`,
+:mod:`agentenv.engines.shared_weights`): each decoding step then reads them under the learner's lock,
+and a new version is seen at the first step after the learner's optimizer step, with no copy.
 """
 
 from __future__ import annotations
@@ -21,7 +25,8 @@ import copy
 import inspect
 import queue
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +37,7 @@ from transformers import DynamicCache
 from agentenv.engines import kv_cache
 from agentenv.engines.base import ContinuationMode, GenerationOutput, SamplingParams, TokenSpan
 from agentenv.engines.sampling import processed_logprobs, sample, validate_params
+from agentenv.engines.shared_weights import SharedWeights, share_parameters
 from agentenv.engines.weights import check_state_dict, copy_into, load_weights
 from agentenv.errors import ClosedError, ConfigError, EngineDied, EngineError, WeightUpdateError
 from agentenv.faults import fault_point
@@ -266,12 +272,38 @@ class TransformersEngine:
         self._turns = TurnCache(2 * max_batch_size if turn_cache is None else turn_cache, turn_cache_bytes)
         self.num_turn_hits = 0
         """Prefills that continued a finished reply's KV cache (see :class:`TurnCache`)."""
+        self._in_place: SharedWeights | None = None
 
     # ------------------------------------------------------------------ public API
     @property
     def version(self) -> int:
         """The policy version of the weights now serving requests."""
-        return self._version
+        return self._in_place.version if self._in_place is not None else self._version
+
+    @property
+    def shared_weights(self) -> SharedWeights | None:
+        """The learner's lock when this engine decodes the learner's parameters in place (else None)."""
+        return self._in_place
+
+    def serve_in_place(self, learner_model: torch.nn.Module, weights: SharedWeights) -> None:
+        """Decode with the learner's own parameters, as it writes them under ``weights``' lock.
+
+        The served model's parameters are replaced by ``learner_model``'s (the same tensors,
+        :func:`agentenv.engines.shared_weights.share_parameters`; its own copy is dropped). Each
+        decoding step (prefills included) reads them inside ``weights.reading()`` and records its
+        tokens with the version it yields; a version newer than the last step's is served as a weight
+        update would be (the turn caches dropped; under ``RECOMPUTE`` the rows in flight prefilled
+        again). :meth:`update_weights` then takes no weights.
+
+        Raises:
+            EngineError: Requests were served already (call it right after construction).
+            WeightUpdateError: ``learner_model``'s parameter names or shapes differ from the served model's.
+        """
+        if self._thread is not None:
+            raise EngineError("serve_in_place must be called before the engine serves its first request")
+        share_parameters(learner_model, self._model)
+        self._in_place = weights
+        self._version = weights.version
 
     @property
     def max_context_tokens(self) -> int:
@@ -285,7 +317,7 @@ class TransformersEngine:
 
     @property
     def model(self) -> torch.nn.Module:
-        """The served model (mutate it only through :meth:`update_weights`)."""
+        """The served model (changed only by :meth:`update_weights`, or by the learner under :meth:`serve_in_place`)."""
         return self._model
 
     @property
@@ -342,7 +374,9 @@ class TransformersEngine:
         """Swap in new weights at the next token boundary as policy ``version``.
 
         The file is read and checked off the decode thread; the decode thread only copies tensors
-        between two steps (and, in RECOMPUTE mode, re-prefills the in-flight rows).
+        between two steps (and, in RECOMPUTE mode, re-prefills the in-flight rows). An engine that
+        decodes the learner's parameters in place (:meth:`serve_in_place`) holds every version the
+        learner writes: it returns at once when ``version`` is the learner's.
 
         Args:
             weights: A state dict or a safetensors file (names as in ``model.state_dict()``).
@@ -350,11 +384,17 @@ class TransformersEngine:
 
         Raises:
             WeightUpdateError: Unreadable file, unknown/missing names, shape mismatch, non-finite values
-                or a version that does not increase; the previous version keeps serving.
+                or a version that does not increase; the previous version keeps serving. In place: any
+                ``version`` but the learner's.
             ClosedError: The engine was closed.
         """
         if self._closed:
             raise ClosedError("engine is closed")
+        if self._in_place is not None:
+            if version != self._in_place.version:
+                raise WeightUpdateError(f"this engine decodes the learner's parameters in place (version "
+                                        f"{self._in_place.version}); it cannot load version {version}")
+            return
         if version <= self._version:
             raise WeightUpdateError(f"new version {version} must exceed the serving version {self._version}")
         state = await asyncio.to_thread(load_weights, weights)
@@ -406,13 +446,25 @@ class TransformersEngine:
                         else:
                             self._apply_update(item, batch)
                     waiting = [r for r in waiting if not r.cancelled]
-                    self._admit(waiting, batch)
-                    if batch.rows:
-                        fault_point("engine.decode", self._version)  # tests: AGENTENV_FAULT=engine.decode:K (or :vV)
-                        self._step(batch)
+                    with self._reading(batch):
+                        self._admit(waiting, batch)
+                        if batch.rows:  # tests: AGENTENV_FAULT=engine.decode:K (or :vV) kills the thread here
+                            fault_point("engine.decode", self._version)
+                            self._step(batch)
         except BaseException as exc:  # the thread must not die silently: fail what it holds
             self._fail_all(waiting, batch, EngineDied(f"decode thread died: {exc!r}"))
             raise
+
+    @contextmanager
+    def _reading(self, batch: _Batch) -> Iterator[None]:
+        """Around one decoding step; in place, inside the learner's read lock, at the version it gives."""
+        if self._in_place is None:
+            yield
+            return
+        with self._in_place.reading() as version:
+            if version != self._version:  # the learner stepped: its parameters hold a new version
+                self._serve(version, batch)
+            yield
 
     def _fail_all(self, waiting: list[_Request], batch: _Batch, error: EngineError) -> None:
         for r in [*waiting, *batch.rows]:
@@ -540,7 +592,12 @@ class TransformersEngine:
             return
         finally:
             upd.state = {}  # the decode loop holds upd until its next command: let the sent copy go now
-        self._version = upd.version
+        self._serve(upd.version, batch)
+        _resolve(upd.loop, upd.future, result=None)
+
+    def _serve(self, version: int, batch: _Batch) -> None:
+        """The parameters now hold ``version``: caches of older versions go; RECOMPUTE prefills the rows again."""
+        self._version = version
         self._turns.clear()
         if self._continuation is ContinuationMode.RECOMPUTE and batch.rows:
             rows = list(batch.rows)
@@ -556,7 +613,6 @@ class TransformersEngine:
                 caches, rows = [], []
             if rows:
                 batch.add(rows, caches)
-        _resolve(upd.loop, upd.future, result=None)
 
 
 def _extend_spans(spans: list[TokenSpan], version: int, prefix_version: int) -> None:

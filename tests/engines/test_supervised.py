@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from agentenv.engines.base import SamplingParams
+from agentenv.engines.shared_weights import SharedWeights
 from agentenv.engines.supervised import SupervisedEngine, rebuild_from_learner
 from agentenv.engines.transformers_engine import TransformersEngine
 from agentenv.errors import EngineError, EngineRebuilt
@@ -67,6 +68,30 @@ async def test_a_dead_decode_thread_is_rebuilt_from_the_latest_weights_and_reque
     await sup.update_weights(learner.weights_for_engine(), 4)
     assert sup.version == 4
     await sup.close()
+
+
+async def test_a_dead_engine_decoding_in_place_is_rebuilt_on_the_learners_parameters(monkeypatch):
+    reset_fault_points()
+    learner = Learner(tiny_random_model(seed=1), version=3)
+    lock = SharedWeights(lambda: learner.version)
+    engine = TransformersEngine(copy.deepcopy(tiny_random_model(seed=0)), max_batch_size=4)
+    engine.serve_in_place(learner.model, lock)
+    sup = SupervisedEngine(engine, lambda dead: rebuild_from_learner(dead, learner, TransformersEngine))
+    assert (await sup.generate(PROMPT, PARAMS)).token_ids
+    monkeypatch.setenv("AGENTENV_FAULT", "engine.decode:2")
+    reset_fault_points()
+    results = await asyncio.gather(*(sup.generate(PROMPT, PARAMS) for _ in range(2)), return_exceptions=True)
+    assert all(isinstance(r, EngineRebuilt) for r in results), results
+    assert sup.rebuilds == 1 and sup.engine is not engine and sup.engine.shared_weights is lock
+    own = dict(learner.model.named_parameters())
+    assert all(p is own[name] for name, p in sup.engine.model.named_parameters())  # no copy made
+    learner.version = 4  # a step the learner took: the rebuilt engine serves it without an update
+    out = await sup.generate(PROMPT, PARAMS)
+    assert out.spans[0].version == 4 and sup.version == 4
+    ref = full_forward_logprobs(learner.model, PROMPT, out.token_ids)
+    assert torch.allclose(torch.tensor(out.logprobs), ref, atol=1e-4)
+    await sup.close()
+    reset_fault_points()
 
 
 async def test_a_request_error_is_not_a_death(setup):

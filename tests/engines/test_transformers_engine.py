@@ -9,7 +9,9 @@ import pytest
 import torch
 
 from agentenv.engines.base import ContinuationMode, GenerationEngine, SamplingParams, TokenSpan
+from agentenv.engines.shared_weights import SharedWeights
 from agentenv.engines.transformers_engine import TransformersEngine
+from agentenv.engines.weights import copy_into
 from agentenv.errors import ClosedError, ConfigError, EngineError, WeightUpdateError
 from agentenv.models import tiny_random_model
 from tests.engines.helpers import GatedForward, full_forward_logprobs, keep_mode_logprobs
@@ -110,19 +112,42 @@ async def test_context_limit_truncates():
     await engine.close()
 
 
+class InPlaceLearner:
+    """Writes a reference's weights into the served model itself, as a learner's optimizer step would."""
+
+    def __init__(self, model):
+        self.model, self.version = model, 0
+        self.shared = SharedWeights(lambda: self.version)
+
+    def step_to(self, weights, version):
+        with self.shared.writing():
+            copy_into(self.model, weights)
+            self.version = version
+
+
+@pytest.mark.parametrize("in_place", [False, True], ids=["copied", "in-place"])
 @pytest.mark.parametrize("mode", [ContinuationMode.KEEP, ContinuationMode.RECOMPUTE])
-async def test_interrupted_twice_gives_three_spans_from_the_right_weights(refs, mode):
+async def test_interrupted_twice_gives_three_spans_from_the_right_weights(refs, mode, in_place):
+    """New weights copied in, or written in place by the learner, land after the decoding step in progress."""
     model = tiny_random_model(seed=0)
     # forward calls: 1 prefill, then one per token. RECOMPUTE adds a re-prefill call after each update.
     gates = (6, 16) if mode is ContinuationMode.KEEP else (6, 17)
     gate = GatedForward(model, gates=gates)
     engine = TransformersEngine(model, continuation=mode)
+    learner = InPlaceLearner(model)
+    if in_place:
+        engine.serve_in_place(model, learner.shared)
     prompt, params = PROMPTS[3], SamplingParams(max_new_tokens=30, temperature=0.9, seed=11)
     task = asyncio.create_task(engine.generate(prompt, params))
     for version, n in enumerate(gates, start=1):
         await wait_for(gate.reached[n].is_set)
-        update = asyncio.create_task(engine.update_weights(refs[version].state_dict(), version))
-        await wait_for(lambda: not engine._inbox.empty())  # queued before the step ends
+        if in_place:  # the step waits for the decoding step in progress, and goes before the next one
+            update = asyncio.create_task(asyncio.to_thread(learner.step_to, refs[version].state_dict(), version))
+            await wait_for(lambda: learner.shared._writers_waiting == 1)
+        else:
+            update = asyncio.create_task(engine.update_weights(refs[version].state_dict(), version))
+            await wait_for(lambda: not engine._inbox.empty())  # queued before the step ends
+        assert not update.done()
         gate.gates[n].set()
         await update
         assert engine.version == version
@@ -144,6 +169,25 @@ async def test_interrupted_twice_gives_three_spans_from_the_right_weights(refs, 
     # the swaps really changed the numbers: version-0 weights give something else after token 6
     stale = full_forward_logprobs(refs[0], prompt, out.token_ids, temperature=0.9)
     assert (stale[6:] - got[6:]).abs().max() > 1e-2
+    await engine.close()
+
+
+async def test_in_place_engine_takes_only_the_learners_version(refs):
+    """Serving the learner's parameters, the engine loads no weights: the learner's version is a no-op."""
+    model = tiny_random_model(seed=0)
+    learner = InPlaceLearner(model)
+    learner.version = 3
+    engine = TransformersEngine(model)
+    engine.serve_in_place(model, learner.shared)
+    assert engine.version == 3
+    await engine.update_weights(refs[1].state_dict(), 3)  # the parameters hold version 3 already
+    torch.testing.assert_close(model.model.norm.weight, refs[0].model.norm.weight, rtol=0, atol=0)
+    with pytest.raises(WeightUpdateError, match="in place"):
+        await engine.update_weights(refs[1].state_dict(), 4)
+    out = await engine.generate(PROMPTS[0], SamplingParams(max_new_tokens=4, seed=2))
+    assert out.spans == [TokenSpan(4, 3, 3)]
+    with pytest.raises(EngineError, match="before the engine serves"):
+        engine.serve_in_place(model, learner.shared)
     await engine.close()
 
 

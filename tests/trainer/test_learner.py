@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 import os
 import tempfile
+import threading
+import time
 
 import pytest
 import torch
@@ -159,6 +161,31 @@ def test_update_steps_version_and_weights_for_engine(tmp_path):
     from safetensors.torch import load_file
 
     assert torch.equal(load_file(str(path))["lm_head.weight"], model.state_dict()["lm_head.weight"])
+
+
+def test_with_shared_weights_the_step_and_the_new_version_wait_for_a_read_in_progress():
+    """An engine decoding the learner's parameters in place never reads them half-stepped."""
+    model = tiny_model(4)
+    learner = Learner(model, OptimConfig(lr=1e-3), objective=ObjectiveConfig(delta=10.0),
+                      execution=LearnerConfig(micro_batch_size=3))
+    trajs = make_trajectories(6, seed=4, rewards=[1, 0, 1, 0, 0, 1])
+    shared = learner.share_weights()
+    assert learner.share_weights() is shared and shared.version == 0
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with shared.reading() as version:  # a decoding step in progress
+        update = threading.Thread(target=learner.update, args=(trajs,))
+        update.start()
+        deadline = time.monotonic() + 60
+        while not shared._writers_waiting:  # the gradient is computed; the step waits
+            assert time.monotonic() < deadline and update.is_alive()
+            time.sleep(0.005)
+        assert version == 0 and learner.version == 0
+        assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    update.join(60)
+    assert learner.version == shared.version == 1
+    assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
+    with shared.reading() as version:
+        assert version == 1
 
 
 def test_update_reduces_loss_on_repeated_batch():
