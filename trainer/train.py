@@ -297,22 +297,21 @@ def serve_policy(cfg: TrainConfig, parts: LoopParts, learner: PolicyLearner, mod
     """The generation engine for ``model``, and whether it decodes the learner's own parameters.
 
     In place (:mod:`agentenv.engines.shared_weights`) when the single-process learner trains
-    ``model`` itself, the config's engine is the transformers engine and no forced lag holds the
-    engine back (``staleness.forced_lag``): the engine is built on a copy of ``model``, then decodes
-    ``model``'s own parameters instead (the copy is dropped), and each optimizer step waits for the
-    decoding step in progress instead of a copy of the weights following it. Otherwise, and for an
-    engine that cannot serve in place (a test's scripted engine), the engine keeps its own copy and
-    each new version is copied into it.
+    ``model`` itself, the engine is the transformers engine and no forced lag holds the engine back
+    (``staleness.forced_lag``): the engine is built on a copy of ``model``, then decodes ``model``'s
+    own parameters instead (the copy is dropped), and each optimizer step waits for the decoding
+    step in progress instead of a copy of the weights following it. Otherwise (vLLM, the DeepSpeed
+    or Ray learners, a forced lag, a test's scripted engine) the engine keeps its own copy and each
+    new version is copied into it.
     """
+    from agentenv.engines.transformers_engine import TransformersEngine
     from agentenv.trainer.learner import Learner
 
-    shared = (isinstance(learner, Learner) and learner.model is model and cfg.model.engine == "transformers"
-              and not cfg.staleness.forced_lag)
     engine = parts.build_engine(cfg, copy.deepcopy(model), tokenizer)
-    serve = getattr(engine, "serve_in_place", None) if shared else None
-    if serve is None:
+    if not (isinstance(engine, TransformersEngine) and isinstance(learner, Learner) and learner.model is model
+            and not cfg.staleness.forced_lag):
         return engine, False
-    serve(model, learner.share_weights())  # the engine's copy is dropped
+    engine.serve_in_place(model, learner.share_weights())  # the engine's copy is dropped
     logger.info("the engine decodes the learner's parameters in place (one copy of the weights)")
     return engine, True
 

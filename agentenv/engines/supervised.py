@@ -203,12 +203,14 @@ async def rebuild_from_learner(dead: Any, learner: Any, build: Callable[[torch.n
     """
     import copy
 
+    from agentenv.engines.transformers_engine import TransformersEngine
     from agentenv.engines.weights import copy_into
 
-    shared = getattr(dead, "shared_weights", None)
-    if shared is not None:
+    if isinstance(dead, TransformersEngine) and dead.shared_weights is not None:
         engine = await asyncio.to_thread(build, dead.model)
-        engine.serve_in_place(learner.model, shared)
+        if not isinstance(engine, TransformersEngine):
+            raise EngineError(f"an engine decoding in place was rebuilt as a {type(engine).__name__}")
+        engine.serve_in_place(learner.model, dead.shared_weights)
         return engine
     weights = await asyncio.to_thread(learner.weights_for_engine)
     version = learner.version

@@ -110,8 +110,10 @@ class SharedPrefix:
         self.ids, self.cache, self.version = ids[:n], kept, version
 
 
-#: Default byte bound of the turn cache: about 11k tokens of SmolLM2-135M's float32 KV (46 kB a token).
-TURN_CACHE_BYTES = 512 << 20
+#: Default byte bound of the turn cache: about 2.9k tokens of SmolLM2-135M's float32 KV (46 kB a token), the
+#: latest 7 replies of the default recipe. Only replies whose episode waits on its environment are taken again;
+#: an episode's last reply never is, so a larger bound mostly keeps those (0.2 GB more at the run's peak).
+TURN_CACHE_BYTES = 128 << 20
 
 
 class TurnCache:
@@ -220,7 +222,7 @@ class TransformersEngine:
         turn_cache: Finished replies' KV caches kept for the episode's next turn (:class:`TurnCache`);
             default ``2 * max_batch_size``; 0 disables it.
         turn_cache_bytes: Most bytes those caches hold together (bytes; the oldest dropped first);
-            default :data:`TURN_CACHE_BYTES` (512 MiB); None: bounded by ``turn_cache`` entries only.
+            default :data:`TURN_CACHE_BYTES` (128 MiB); None: bounded by ``turn_cache`` entries only.
 
     Raises:
         ConfigError: A non-positive batch size or context limit.
