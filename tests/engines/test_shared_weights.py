@@ -57,17 +57,30 @@ def test_a_waiting_write_goes_before_the_next_read():
                 events.append("read")
                 time.sleep(0.002)
 
+    def write():
+        requested = events.count("read")
+        with shared.writing():
+            # in: the read in progress ended, and at most one that began before the request was registered
+            events.append(f"write after {events.count('read') - requested} reads")
+            time.sleep(0.02)  # no read runs inside a write
+            events.append("write ends")
+
     reader = threading.Thread(target=decode)
     reader.start()
     first.wait(10)
-    with shared.writing():
-        reads_before = events.count("read")
-        events.append("write")
-        time.sleep(0.02)  # no read runs inside a write
-        assert events[-1] == "write"
+    writer = threading.Thread(target=write)
+    writer.start()
+    writer.join(10)
+    starved = writer.is_alive()
+    if not starved:
+        wait_until(lambda: events[-1] == "read")  # the reader goes on after the write
     stop.set()
     reader.join(10)
-    assert 1 <= reads_before and events.index("write") == reads_before
+    writer.join(10)
+    assert not starved, "the write waited 10 s while reads went on"
+    at = next(i for i, e in enumerate(events) if e.startswith("write after"))
+    assert events[at] in ("write after 0 reads", "write after 1 reads", "write after 2 reads")
+    assert events[at + 1] == "write ends"
 
 
 def test_shared_parameters_are_the_sources_own_and_modes_stay_apart():
