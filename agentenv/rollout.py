@@ -21,12 +21,15 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, runtime_checkable
 
 from agentenv.core import Env
 from agentenv.engines.base import GenerationEngine, GenerationOutput, SamplingParams, derive_seed
-from agentenv.errors import ConfigError, EngineError, TemplateError
+from agentenv.errors import ConfigError, EngineError, EngineRebuilt, TemplateError
 from agentenv.trajectory import Trajectory
+
+if TYPE_CHECKING:
+    from agentenv.chat import Conversation
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +69,20 @@ class Renderer(Protocol):
 
     def decode(self, ids: list[int]) -> str:
         """Text of sampled ids for the environment (special tokens dropped)."""
+        ...
+
+
+@runtime_checkable
+class ConversationRenderer(Renderer, Protocol):
+    """A renderer that also renders whole conversations (``agentenv.chat.ChatRenderer``): the exact path.
+
+    With one, an episode's tokens are the chat template applied to the whole message history; a plain
+    :class:`Renderer` appends each observation's tokens to the previous ones instead.
+    """
+
+    def conversation(self, user_text: str, *, system: str | None = None,
+                     tools: Any = ()) -> Conversation:
+        """Start one episode's :class:`agentenv.chat.Conversation` from the task's first observation."""
         ...
 
 
@@ -369,7 +386,7 @@ async def run_episode_samples(
         obs, reset_info = await clock.within(env.reset(seed=seed, options=options))
         info.update(reset_info)
         traj.task_id = str(reset_info.get("task_id", seed))
-        if hasattr(renderer, "conversation"):  # the exact, history-aware path (agentenv.chat)
+        if isinstance(renderer, ConversationRenderer):  # the exact, history-aware path (agentenv.chat)
             conv = renderer.conversation(obs, system=env.system_prompt, tools=list(env.tools))
             prompt = list(conv.prompt_ids)
         else:
@@ -458,7 +475,7 @@ async def run_episode_samples(
     except (EngineError, TemplateError) as exc:
         traj.status = "error"
         info["error"] = f"{type(exc).__name__}: {exc}"
-        if getattr(exc, "requeue", False):  # EngineRebuilt: not the episode's failure, its task is replayed
+        if isinstance(exc, EngineRebuilt):  # not the episode's failure: its task is replayed
             info["requeue"] = True
         logger.warning("episode %s failed: %s", traj.id, info["error"])
     except Exception as exc:  # an environment that raises ends only its own episode

@@ -214,9 +214,8 @@ async def rebuild_from_learner(dead: Any, learner: Any, build: Callable[[torch.n
         return engine
     weights = await asyncio.to_thread(learner.weights_for_engine)
     version = learner.version
-    model = getattr(dead, "model", None)
-    if not isinstance(model, torch.nn.Module):
-        model = copy.deepcopy(learner.model)
+    # the dead engine's own module is reused when it has one; otherwise a copy of the learner's
+    model = dead.model if isinstance(dead, TransformersEngine) else copy.deepcopy(learner.model)
     await asyncio.to_thread(copy_into, model, weights)
     engine = await asyncio.to_thread(build, model)
     if version > engine.version:

@@ -120,12 +120,12 @@ def build_app(cfg: ServeConfig, factory: Callable[[], Env] | None = None) -> Any
     table.add_idle(first)
     tasks = first.tasks()
     tasks_body = {"tasks": None if tasks is None else {"ids": list(tasks.ids), "kinds": list(tasks.kinds)},
-                  "split": str(getattr(first, "split", ""))}
+                  "split": str(first.split)}
     info_body = {"protocol": PROTOCOL_VERSION, "env": cfg.env_id,
-                 "observation_role": getattr(env_cls, "observation_role", "user"),
-                 "cut_turn": getattr(first, "cut_turn", "end"), "system_prompt": first.system_prompt,
+                 "observation_role": env_cls.observation_role,
+                 "cut_turn": first.cut_turn, "system_prompt": first.system_prompt,
                  "tools": jsonable(list(first.tools)), "max_action_chars": cfg.max_action_chars,
-                 "timing_info_keys": list(getattr(first, "timing_info_keys", ()))}
+                 "timing_info_keys": list(first.timing_info_keys)}
     cap = body_cap(cfg.max_action_chars)
     expected = f"Bearer {cfg.token}".encode() if cfg.token else None
 

@@ -130,12 +130,14 @@ def build_transcript(
             template failed to render, or a reply does not read back as written (the message names
             the family).
     """
+    from agentenv.rollout import ConversationRenderer
+
     eot = [renderer.stop_token_ids[0]]
     family = template_family(renderer)
     call_text = tool_call_text(solution.code, family)
     final_text = f"The code prints {solution.answer}, so the answer is $\\boxed{{{solution.answer}}}$."
     observation = format_observation(solution.answer + "\n")
-    if not hasattr(renderer, "conversation"):  # a plain renderer: observation deltas, as the rollout does
+    if not isinstance(renderer, ConversationRenderer):  # a plain renderer: observation deltas, as the rollout does
         prompt = renderer.initial_prompt(solution.problem, system=system, tools=list(tools))
         call = encode(call_text) + eot
         obs = renderer.observation_tokens("tool", observation)
