@@ -20,7 +20,6 @@ and a new version is seen at the first step after the learner's optimizer step, 
 from __future__ import annotations
 
 import asyncio
-import collections
 import copy
 import inspect
 import queue
@@ -36,6 +35,7 @@ from transformers import DynamicCache
 
 from agentenv.engines import kv_cache
 from agentenv.engines.base import ContinuationMode, GenerationOutput, SamplingParams, TokenSpan
+from agentenv.engines.prompt_caches import TURN_CACHE_BYTES, PrefixCache, TurnCache
 from agentenv.engines.sampling import processed_logprobs, sample, validate_params
 from agentenv.engines.shared_weights import SharedWeights, share_parameters
 from agentenv.engines.weights import check_state_dict, copy_into, load_weights
@@ -64,126 +64,6 @@ class _Update:
     version: int
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future
-
-
-class SharedPrefix:
-    """The KV cache of the prompt prefix that consecutive requests share, valid for one policy version.
-
-    Every episode of an environment starts with the same system prompt and tool schemas (about 300
-    tokens with the python tool), so most of each prefill recomputes the same keys and values. After a
-    full prefill, the longest common prefix (in tokens) with the previous prompt is kept when it is at
-    least ``min_tokens`` long; a later prompt that starts with it, under the same policy version,
-    copies that cache and prefills only its own suffix. A weight update invalidates it (the cache was
-    computed by older weights), so ``prefix_version`` stays truthful: a reused prefix is always of the
-    serving version.
-
-    Args:
-        min_tokens: Shortest prefix worth keeping (tokens).
-    """
-
-    def __init__(self, min_tokens: int = 32) -> None:
-        self.min_tokens = min_tokens
-        self.ids: tuple[int, ...] = ()
-        self.cache: DynamicCache | None = None
-        self.version = -1
-        self._last: tuple[int, ...] = ()
-
-    def serves(self, ids: Sequence[int], version: int) -> bool:
-        """Whether the kept prefix is of ``version`` and a strict prefix of ``ids`` (a suffix is left)."""
-        n = len(self.ids)
-        return bool(n) and self.version == version and len(ids) > n and tuple(ids[:n]) == self.ids
-
-    def remember(self, ids: Sequence[int], cache: DynamicCache, version: int) -> None:
-        """After a full prefill of ``ids`` into ``cache`` (one row): keep the prefix it shares with the last one."""
-        ids = tuple(ids)
-        last, self._last = self._last, ids
-        n = 0
-        for a, b in zip(ids, last, strict=False):
-            if a != b:
-                break
-            n += 1
-        n = min(n, len(ids) - 1)
-        if n < self.min_tokens:
-            return
-        kept = copy.deepcopy(cache)
-        kept.crop(n - len(ids))  # transformers >= 5.2x: a negative count of trailing tokens to drop
-        self.ids, self.cache, self.version = ids[:n], kept, version
-
-
-#: Default byte bound of the turn cache: about 2.9k tokens of SmolLM2-135M's float32 KV (46 kB a token), the
-#: latest 7 replies of the default recipe. Only replies whose episode waits on its environment are taken again;
-#: an episode's last reply never is, so a larger bound mostly keeps those (0.2 GB more at the run's peak).
-TURN_CACHE_BYTES = 128 << 20
-
-
-class TurnCache:
-    """KV caches of finished replies, so that an episode's next turn prefills only what was appended.
-
-    In a multi-turn episode the next prompt is the previous prompt, the reply just sampled and the
-    observation. When a row finishes, its KV cache (the prompt and the reply's tokens but the last,
-    one row, unpadded) is kept here under the ids it covers; a later request whose prompt extends
-    those ids, under the same policy version, takes the cache (each is used once) and prefills only
-    the rest: the reply's last token and the observation. Only caches computed entirely by the
-    serving weights are kept, and a weight update clears them, so ``prefix_version`` stays truthful.
-
-    Args:
-        capacity: Caches kept (the oldest is dropped first); 0 disables the cache.
-        max_bytes: Most bytes of keys and values kept over all caches (the oldest dropped first); a
-            cache larger than this alone is not kept. None: no byte bound.
-
-    Attributes:
-        nbytes: Bytes of keys and values now kept.
-    """
-
-    def __init__(self, capacity: int, max_bytes: int | None = None) -> None:
-        self.capacity = capacity
-        self.max_bytes = max_bytes
-        self.nbytes = 0
-        self._entries: collections.OrderedDict[tuple[int, ...], tuple[DynamicCache, int, int]] = (
-            collections.OrderedDict()
-        )
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def put(self, ids: Sequence[int], cache: DynamicCache, version: int) -> None:
-        """Keep ``cache`` (one row holding exactly ``ids``) computed under ``version``."""
-        size = kv_cache.nbytes(cache)
-        if self.capacity <= 0 or (self.max_bytes is not None and size > self.max_bytes):
-            return
-        key = tuple(ids)
-        self._drop(key)
-        self._entries[key] = (cache, version, size)
-        self.nbytes += size
-        while len(self._entries) > self.capacity or (self.max_bytes is not None and self.nbytes > self.max_bytes):
-            self._drop(next(iter(self._entries)))
-
-    def take(self, ids: Sequence[int], version: int) -> tuple[DynamicCache, int] | None:
-        """The longest kept cache of ``version`` whose ids are a strict prefix of ``ids``, removed; or None.
-
-        Returns:
-            ``(cache, n)``: the cache holds ``ids[:n]``.
-        """
-        best = None
-        for key, (_, v, _) in self._entries.items():
-            n = len(key)
-            if v == version and n < len(ids) and (best is None or n > len(best)) and tuple(ids[:n]) == key:
-                best = key
-        if best is None:
-            return None
-        cache = self._entries[best][0]
-        self._drop(best)
-        return cache, len(best)
-
-    def clear(self) -> None:
-        """Drop every kept cache (after a weight update)."""
-        self._entries.clear()
-        self.nbytes = 0
-
-    def _drop(self, key: tuple[int, ...]) -> None:
-        entry = self._entries.pop(key, None)
-        if entry is not None:
-            self.nbytes -= entry[2]
 
 
 def _resolve(
@@ -219,7 +99,8 @@ class TransformersEngine:
         max_context_tokens: Prompt + output limit (tokens); default ``model.config.max_position_embeddings``.
         seed: Seeds the engine generator that requests without their own seed draw from.
         version: Policy version of the initial weights.
-        turn_cache: Finished replies' KV caches kept for the episode's next turn (:class:`TurnCache`);
+        turn_cache: Finished replies' KV caches kept for the episode's next turn
+            (:class:`~agentenv.engines.prompt_caches.TurnCache`);
             default ``2 * max_batch_size``; 0 disables it.
         turn_cache_bytes: Most bytes those caches hold together (bytes; the oldest dropped first);
             default :data:`TURN_CACHE_BYTES` (128 MiB); None: bounded by ``turn_cache`` entries only.
@@ -267,13 +148,13 @@ class TransformersEngine:
         self.num_prefills = 0
         """Prefill forward passes run so far (including RECOMPUTE re-prefills)."""
         self.num_prefix_hits = 0
-        """Prefills that reused the shared prompt prefix's KV cache (see :class:`SharedPrefix`)."""
+        """Prefills that reused the shared prompt prefix's KV cache (:class:`~.prompt_caches.PrefixCache`)."""
         self.prefill_tokens = 0
         """Prompt tokens actually computed by prefills (tokens; the shared prefix's reuses excluded)."""
-        self._shared = SharedPrefix()
+        self._shared = PrefixCache()
         self._turns = TurnCache(2 * max_batch_size if turn_cache is None else turn_cache, turn_cache_bytes)
         self.num_turn_hits = 0
-        """Prefills that continued a finished reply's KV cache (see :class:`TurnCache`)."""
+        """Prefills that continued a finished reply's KV cache (:class:`~.prompt_caches.TurnCache`)."""
         self._in_place: SharedWeights | None = None
 
     # ------------------------------------------------------------------ public API

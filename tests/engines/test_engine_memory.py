@@ -9,7 +9,8 @@ import torch
 from transformers import DynamicCache
 
 from agentenv.engines import kv_cache
-from agentenv.engines.transformers_engine import TransformersEngine, TurnCache
+from agentenv.engines.prompt_caches import TurnCache
+from agentenv.engines.transformers_engine import TransformersEngine
 from agentenv.models import tiny_random_model
 
 

@@ -303,7 +303,7 @@ async def test_top_k_logprobs_are_the_processed_ones(refs):
 
 async def test_shared_prompt_prefix_is_reused_within_a_version_only(refs):
     """The system prompt every episode starts with is prefilled once per policy version."""
-    system = [3 + (7 * j) % 50 for j in range(40)]  # 40 shared tokens (>= SharedPrefix.min_tokens)
+    system = [3 + (7 * j) % 50 for j in range(40)]  # 40 shared tokens (>= PrefixCache.min_tokens)
     prompts = [system + [60 + i, 61 + i] for i in range(3)]
     params = SamplingParams(max_new_tokens=6, seed=7)
     engine = TransformersEngine(tiny_random_model(seed=0), max_batch_size=4)
