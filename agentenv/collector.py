@@ -75,6 +75,8 @@ from agentenv.trajectory import Trajectory
 
 logger = logging.getLogger(__name__)
 
+MAX_RETRIES = 2
+"""Times a task whose episode failed outside the policy's control is replayed before it is dropped."""
 _IDLE_S = 0.05  # seconds a worker waits before asking admission again (or after a crash)
 _CLOSE_TIMEOUT_S = 30.0  # seconds allowed for closing a failed episode's environment
 
@@ -202,7 +204,7 @@ class RolloutCollector:
         version_fn: Callable[[], int] | None = None,
         first_seed: int = 0,
         admit: Callable[[], bool] | None = None,
-        max_retries: int = 2,
+        max_retries: int = MAX_RETRIES,
         group_size: int = 1,
         on_group: Callable[[list[Trajectory]], None | Awaitable[None]] | None = None,
         failure_limit: int | None = None,

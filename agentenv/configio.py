@@ -93,7 +93,10 @@ def load_config(cls: type[T], data: Mapping[str, Any], *, where: str = "") -> T:
     """Build dataclass ``cls`` from ``data``, checking keys and types recursively.
 
     A dataclass may name where its retired fields went in a ``MOVED_FIELDS`` class attribute
-    (``{"old": "where it lives now"}``); the unknown-field error then says so.
+    (``{"old": "where it lives now"}``); the unknown-field error then says so. A field retired for a
+    fixed value is listed in ``FIXED_FIELDS`` (``{"old": (value, "why")}``): a config that gives it at
+    that value (one saved before it was retired) loads as if the key were absent; any other value is
+    refused with the reason.
 
     Raises:
         ConfigError: An unknown key, a value of the wrong type, or a value the dataclass's own
@@ -101,6 +104,7 @@ def load_config(cls: type[T], data: Mapping[str, Any], *, where: str = "") -> T:
     """
     hints = typing.get_type_hints(cls)
     fields = {f.name for f in dataclasses.fields(cls) if f.init}
+    data = _drop_fixed(cls, data, where)
     unknown = set(data) - fields
     if unknown:
         moved = getattr(cls, "MOVED_FIELDS", {})
@@ -114,6 +118,23 @@ def load_config(cls: type[T], data: Mapping[str, Any], *, where: str = "") -> T:
         raise
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{where or cls.__name__}: {exc}") from exc
+
+
+def _drop_fixed(cls: type, data: Mapping[str, Any], where: str) -> Mapping[str, Any]:
+    """``data`` without the retired fields of ``cls`` that hold their fixed value (see :func:`load_config`)."""
+    fixed = getattr(cls, "FIXED_FIELDS", {})
+    for key in set(data) & set(fixed):
+        value, why = fixed[key]
+        given = data[key]
+        if isinstance(value, float) and isinstance(given, str):  # YAML 1.1 reads "1e-8" as a string
+            try:
+                given = float(given)
+            except ValueError:
+                pass
+        if given != value:
+            raise ConfigError(f"{where + '.' if where else ''}{key} is no longer a setting: it is fixed at {value!r} "
+                              f"({why}); remove it from the config")
+    return {k: v for k, v in data.items() if k not in fixed}
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:

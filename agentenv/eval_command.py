@@ -59,9 +59,9 @@ class EvalArgs:
 
     A value the trainer's held-out evaluation also has takes its default from the training config's
     class, so one default holds for both: the model and the engine from
-    :class:`~agentenv.engines.build.ModelConfig`, the temperature, the samples per task and the
-    concurrency from :class:`~agentenv.evaluation.EvalConfig`, the tokens per reply and top-p from
-    :class:`~agentenv.rollout.RolloutConfig`.
+    :class:`~agentenv.engines.build.ModelConfig`, the temperature and the concurrency from
+    :class:`~agentenv.evaluation.EvalConfig`, the tokens per reply and top-p from
+    :class:`~agentenv.rollout.RolloutConfig`; one episode per task, as the trainer plays.
 
     Raises:
         ConfigError: A value out of range or a malformed ``--seeds`` (the message names the flag and
@@ -86,7 +86,7 @@ class EvalArgs:
     """Generation engine."""
     gpu_memory_utilization: float | None = ModelConfig.memory_share
     """vLLM's share of the GPU's memory (of host memory on a CPU); None: 0.9 on a GPU, 0.2 on a CPU."""
-    samples_per_game: int = EvalConfig.samples_per_problem
+    samples_per_game: int = 1
     """K episodes per task (the ALFWorld papers sample 3 at temperature 1.0)."""
     limit: int | None = None
     """Play only the first N tasks; None: every task."""

@@ -28,7 +28,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from agentenv.core import Env, TaskSet
 from agentenv.errors import ConfigError
@@ -102,25 +102,27 @@ Policy = Callable[[str, Mapping[str, Any]], Awaitable[str]]
 class EvalConfig:
     """The held-out evaluation run before the first update and after the last one (``TrainConfig.eval``).
 
-    ``agentenv eval`` takes its defaults for the temperature, the samples per task and the concurrency
-    from here (:class:`agentenv.eval_command.EvalArgs`). The held-out tasks are the first ``problems``
+    ``agentenv eval`` takes its defaults for the temperature and the concurrency from here
+    (:class:`agentenv.eval_command.EvalArgs`). Training plays each held-out task once (``agentenv eval
+    --samples-per-game K`` samples K episodes per task). The held-out tasks are the first ``problems``
     of the held-out environment's :meth:`~agentenv.core.Env.tasks` (the env built with ``env.kwargs``
     updated by ``env.eval_kwargs``); choose ``eval_kwargs`` so that they never appear in training.
     """
+
+    FIXED_FIELDS: ClassVar[dict[str, tuple[object, str]]] = {
+        "samples_per_problem": (1, "training plays each held-out task once; agentenv eval --samples-per-game K")}
 
     problems: int = 0
     """Held-out tasks to evaluate on; 0 turns the evaluation off (needed for an env whose ``tasks()``
     is None)."""
     temperature: float = 0.0
     """Sampling temperature of the evaluation; 0 decodes greedily (one deterministic answer each)."""
-    samples_per_problem: int = 1
-    """Episodes per problem (success is averaged over them); use > 1 only with temperature > 0."""
     concurrency: int = 8
     """Episodes in flight during the evaluation."""
 
     def __post_init__(self) -> None:
-        if self.problems < 0 or self.samples_per_problem < 1 or self.concurrency < 1:
-            raise ConfigError("eval.problems must be >= 0; eval.samples_per_problem, eval.concurrency >= 1")
+        if self.problems < 0 or self.concurrency < 1:
+            raise ConfigError("eval.problems must be >= 0; eval.concurrency >= 1")
         if not 0 <= self.temperature < float("inf"):
             raise ConfigError(f"eval.temperature must be a finite number >= 0, got {self.temperature}")
 

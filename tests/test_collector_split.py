@@ -96,17 +96,15 @@ def split_env():
     agentenv.registry.pop(ENV_ID, None)
 
 
-@pytest.mark.parametrize("mode", ["sync", "async"])
-def test_training_with_split_consumes_every_sample(split_env, tmp_path, monkeypatch, mode):
+@pytest.mark.parametrize("policy", ["sync", "pace"])
+def test_training_with_split_consumes_every_sample(split_env, tmp_path, monkeypatch, policy):
     monkeypatch.setattr(setup, "load_policy", lambda cfg, **_: (tiny_smollm_lm(), smollm_tokenizer(),
                                                                  rewriting_renderer()))
     run = tmp_path / "run"
-    argv = ["--env", split_env, "--run-dir", str(run), "--mode", mode, "run.updates=2", "run.batch_size=4",
+    argv = ["--env", split_env, "--run-dir", str(run), "--policy", policy, "run.updates=2", "run.batch_size=4",
             "run.concurrency=2", "run.max_pool_size=8", "rollout.max_turns=3", "rollout.max_new_tokens_per_turn=3",
             "rollout.max_total_tokens=200", "rollout.on_prefix_violation=split", "learner.micro_batch_size=4",
             "model.max_batch_size=4", "optim.step_on_zero_gradient=true"]
-    if mode == "sync":
-        argv.append("staleness.policy=sync")
     assert recipe.main(argv) == 0
     consumed = [json.loads(line) for line in (run / "staleness.jsonl").read_text().splitlines()]
     assert len(consumed) == 8 and all(c["policy_tokens"] == 3 and c["turns"] == TURNS for c in consumed)

@@ -54,8 +54,8 @@ def test_the_defaults_are_the_training_configs_values():
     model, held_out, rollout = ModelConfig(), EvalConfig(), RolloutConfig()
     assert (args.model, args.engine, args.gpu_memory_utilization) == (model.name, model.engine, model.memory_share)
     assert (args.model, args.engine, args.gpu_memory_utilization) == (None, "transformers", None)
-    assert (args.temperature, args.samples_per_game, args.concurrency) == (
-        held_out.temperature, held_out.samples_per_problem, held_out.concurrency) == (0.0, 1, 8)
+    assert (args.temperature, args.concurrency) == (held_out.temperature, held_out.concurrency) == (0.0, 8)
+    assert args.samples_per_game == 1  # one episode per task, as training's held-out evaluation plays
     assert (args.max_new_tokens, args.top_p) == (rollout.max_new_tokens_per_turn, rollout.top_p) == (256, 1.0)
 
 

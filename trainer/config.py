@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from agentenv.collector import MAX_RETRIES
 from agentenv.engines.build import ModelConfig
 from agentenv.errors import ConfigError
 from agentenv.evaluation import EvalConfig
@@ -67,7 +68,20 @@ class EnvConfig:
 
 @dataclass(frozen=True)
 class RunConfig:
-    """The loop: how many updates, how much overlap, where results go."""
+    """The loop: how many updates, how much overlap, where results go.
+
+    An episode that failed for reasons outside the policy (engine, environment or template error, no
+    policy token) never enters a batch; its task is replayed up to
+    :data:`agentenv.collector.MAX_RETRIES` (2) times, then dropped (``episodes/dropped_tasks``); under
+    GRPO per group member, and a dropped task drops its group. Rollouts per task are
+    ``objective.grpo_group_size`` under ``objective.name: grpo``, else 1 (one rollout per prompt).
+    """
+
+    FIXED_FIELDS: ClassVar[dict[str, tuple[object, str]]] = {
+        "max_task_retries": (MAX_RETRIES, "replays of a task whose episode failed outside the policy, "
+                                          "agentenv.collector.MAX_RETRIES"),
+        "mode": ("async", "staleness.policy=sync alternates generation and training, every other policy "
+                          "overlaps them")}
 
     @property
     def batch_limit(self) -> int:
@@ -86,8 +100,6 @@ class RunConfig:
     warning instead of waiting for an update that cannot come."""
     batch_size: int = 8
     """B: trajectories per update (one rollout per prompt)."""
-    mode: str = "async"
-    """``"async"`` overlaps generation and training; ``"sync"`` alternates them (the baseline)."""
     concurrency: int = 8
     """Episodes in flight at once."""
     max_pool_size: int = 64
@@ -104,19 +116,8 @@ class RunConfig:
     update for 4 rows, 0.32 x for 16 (``benchmarks/bench_entropy_probe.py``)."""
     seed: int = 0
     """Seeds torch, the task stream and the sampler."""
-    max_task_retries: int = 2
-    """An episode that failed for reasons outside the policy (engine, environment or template error,
-    no policy token) never enters a batch; its task is replayed up to this many times, then dropped
-    (counted as ``episodes/dropped_tasks``). GRPO: per group member; a dropped task drops its group.
-    Rollouts per task are not a field here: ``objective.grpo_group_size`` under ``objective.name: grpo``,
-    else 1 (FlashREINFORCE: one rollout per prompt)."""
 
     def __post_init__(self) -> None:
-        if isinstance(self.max_task_retries, bool) or not isinstance(self.max_task_retries, int) \
-                or self.max_task_retries < 0:
-            raise ConfigError(f"run.max_task_retries must be an int >= 0, got {self.max_task_retries!r}")
-        if self.mode not in ("async", "sync"):
-            raise ConfigError(f"run.mode must be 'async' or 'sync', got {self.mode!r}")
         if self.updates < 1 or self.batch_size < 1 or self.concurrency < 1:
             raise ConfigError("run.updates, run.batch_size and run.concurrency must be >= 1")
         if self.max_batches is not None and self.max_batches < 1:
@@ -161,8 +162,6 @@ class TrainConfig:
         if self.optim.lr_schedule == "wsd" and warm + decay > updates:
             raise ConfigError(f"optim.lr_schedule=wsd: the warm-up ({warm} updates) and the decay ({decay} updates, "
                               f"optim.decay_ratio = {self.optim.decay_ratio}) do not fit in run.updates = {updates}")
-        if self.staleness.policy == "sync" and self.run.mode != "sync":
-            raise ConfigError("staleness.policy 'sync' needs run.mode 'sync'")
         if self.objective.name == "grpo":  # a group baseline over mixed prompts is meaningless
             # objective.grpo_group_size is the one source of rollouts per task (ObjectiveConfig refuses n < 2)
             n = self.objective.grpo_group_size

@@ -31,7 +31,7 @@ class HeldOutReport:
         label: ``"before"`` (policy version 0, after any warm-up) or ``"after"`` (the last version).
         version: Policy version evaluated.
         tasks: Held-out tasks (problems or games).
-        episodes: Episodes played (``tasks * samples_per_problem``).
+        episodes: Episodes played (``tasks * samples_per_task``).
         success_rate: Fraction of episodes with a positive reward (a correct boxed answer; a won game).
         tool_calls_mean: Tool calls per episode (python_tool; 0 for envs that do not count them).
         turns_mean: Assistant turns per episode.
@@ -85,8 +85,9 @@ async def held_out_tasks(cfg: TrainConfig, renderer: Any = None) -> tuple[Callab
     return factory, tasks.first(cfg.eval.problems)
 
 
-async def evaluate_held_out(cfg: TrainConfig, engine: Any, renderer: Any, *, label: str) -> HeldOutReport:
-    """Play every held-out task ``cfg.eval.samples_per_problem`` times with the engine's current weights.
+async def evaluate_held_out(cfg: TrainConfig, engine: Any, renderer: Any, *, label: str,
+                            samples_per_task: int = 1) -> HeldOutReport:
+    """Play every held-out task ``samples_per_task`` times with the engine's current weights.
 
     Args:
         cfg: The run's config (``eval``, ``env`` and ``rollout`` sections are used; the rollout budgets
@@ -94,13 +95,15 @@ async def evaluate_held_out(cfg: TrainConfig, engine: Any, renderer: Any, *, lab
         engine: The run's generation engine (its ``version`` is the version evaluated).
         renderer: The chat renderer of the engine's tokenizer.
         label: ``"before"`` or ``"after"``.
+        samples_per_task: Episodes per task (success is averaged over them; training plays one, > 1
+            makes sense with ``eval.temperature`` > 0).
 
     Raises:
         ConfigError / DataError: See :func:`held_out_tasks`.
     """
     factory, tasks = await held_out_tasks(cfg, renderer)
     rollout = replace(cfg.rollout, temperature=cfg.eval.temperature)
-    jobs = make_jobs(list(zip(tasks.ids, tasks.kinds, strict=True)), samples_per_game=cfg.eval.samples_per_problem,
+    jobs = make_jobs(list(zip(tasks.ids, tasks.kinds, strict=True)), samples_per_game=samples_per_task,
                      seed=cfg.run.seed)
     extras: dict[int, tuple[float, float]] = {}
 

@@ -53,6 +53,7 @@ from agentenv.trainer.lr_schedule import apply_optim_settings, build_scheduler, 
 from agentenv.trainer.objectives import ObjectiveStats
 from agentenv.trainer.update_step import (
     UpdateStats,
+    check_objective_constant,
     micro_batch_objective,
     policy_log_ratios,
     prepare_batch,
@@ -89,6 +90,9 @@ class Learner:
             truncation), right only when the rollouts sample that way.
         total_steps: The run's optimizer steps (``run.updates``), the horizon of a cosine schedule;
             None is allowed for ``lr_schedule: constant`` only.
+        loss_constant: ``K`` of ``objective.loss_aggregation: constant`` (policy tokens, > 0; the
+            trainer passes the rollout's policy-token budget, :func:`~agentenv.trainer.learner_backends.loss_constant`);
+            None with any other aggregation.
 
     Attributes:
         version: Policy version = optimizer steps taken (including those before a resume).
@@ -110,10 +114,12 @@ class Learner:
         version: int = 0,
         sampling: SamplingTransform | None = None,
         total_steps: int | None = None,
+        loss_constant: float | None = None,
     ) -> None:
         self.model = model
         self.optim = optim
         self.objective = objective if objective is not None else ObjectiveConfig()
+        self.loss_constant = check_objective_constant(self.objective, loss_constant)
         self.execution = execution = execution if execution is not None else LearnerConfig()
         self.sampling = sampling if sampling is not None else SamplingTransform()
         self.pad_token_id = pad_token_id
@@ -246,7 +252,7 @@ class Learner:
                                      chunk_tokens=cfg.logprob_chunk_tokens, prefix=prefix)
             if log_ratios is not None:
                 log_ratios.append(policy_log_ratios(lp, mb))
-            out = micro_batch_objective(lp, ent, mb, batch, self.objective, adm)
+            out = micro_batch_objective(lp, ent, mb, batch, self.objective, adm, loss_constant=self.loss_constant)
             if out.loss.requires_grad:
                 out.loss.backward()
             stats = stats + out.stats

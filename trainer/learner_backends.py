@@ -23,7 +23,6 @@ The DeepSpeed backends build the DeepSpeed batch geometry from the recipe: ``tra
 from __future__ import annotations
 
 import copy
-import dataclasses
 import functools
 import logging
 import os
@@ -34,10 +33,9 @@ import torch
 from agentenv.engines.sampling import SamplingTransform
 from agentenv.errors import ConfigError
 from agentenv.trainer.config import TrainConfig
-from agentenv.trainer.learner_config import ObjectiveConfig
 from agentenv.trainer.learner_contract import PolicyLearner
 
-__all__ = ["build_learner", "backend_config", "learner_objective", "sampling_transform"]
+__all__ = ["build_learner", "backend_config", "loss_constant", "sampling_transform"]
 
 logger = logging.getLogger(__name__)
 
@@ -69,16 +67,12 @@ def sampling_transform(cfg: TrainConfig) -> SamplingTransform:
     return SamplingTransform(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k)
 
 
-def learner_objective(cfg: TrainConfig) -> ObjectiveConfig:
-    """``cfg.objective`` as the learner runs it, with every value derived from the rest of the config.
+def loss_constant(cfg: TrainConfig) -> int | None:
+    """``K`` of ``objective.loss_aggregation: constant``: the rollout's policy-token budget per trajectory.
 
-    Under ``loss_aggregation: constant`` without a ``loss_constant``, the constant is the rollout's
-    policy-token budget per trajectory (:attr:`agentenv.rollout.RolloutConfig.policy_token_budget`, tokens).
+    (:attr:`agentenv.rollout.RolloutConfig.policy_token_budget`, tokens); None under any other aggregation.
     """
-    obj = cfg.objective
-    if obj.loss_aggregation == "constant" and obj.loss_constant is None:
-        return dataclasses.replace(obj, loss_constant=cfg.rollout.policy_token_budget)
-    return obj
+    return cfg.rollout.policy_token_budget if cfg.objective.loss_aggregation == "constant" else None
 
 
 def build_learner(cfg: TrainConfig, model: torch.nn.Module, *, warmed_up: bool = False) -> PolicyLearner:
@@ -106,17 +100,17 @@ def build_learner(cfg: TrainConfig, model: torch.nn.Module, *, warmed_up: bool =
 
             add_lora(model, rank=cfg.learner.lora_rank, alpha=cfg.learner.lora_alpha,
                      targets=cfg.learner.lora_target_modules)
-        return Learner(model, cfg.optim, objective=learner_objective(cfg), execution=cfg.learner,
-                       sampling=sampling_transform(cfg), total_steps=cfg.run.updates)
+        return Learner(model, cfg.optim, objective=cfg.objective, execution=cfg.learner,
+                       sampling=sampling_transform(cfg), total_steps=cfg.run.updates, loss_constant=loss_constant(cfg))
     if backend == "openrlhf":
         from agentenv.trainer.openrlhf_backend import OpenRLHFLearner
 
         # DeepSpeed takes over (and may cast or partition) the module it is given: hand it its own
         # copy, so ``model`` stays a plain module the caller can copy for the generation engine.
         return OpenRLHFLearner(
-            copy.deepcopy(model), cfg.optim, backend_config(cfg), objective=learner_objective(cfg),
+            copy.deepcopy(model), cfg.optim, backend_config(cfg), objective=cfg.objective,
             execution=cfg.learner, sampling=sampling_transform(cfg),
-            total_steps=cfg.run.updates,
+            total_steps=cfg.run.updates, loss_constant=loss_constant(cfg),
         )
     return _ray_group(cfg, model, warmed_up=warmed_up)
 
@@ -150,8 +144,8 @@ def _ray_group(cfg: TrainConfig, model: torch.nn.Module, *, warmed_up: bool) -> 
         factory, cfg.optim, backend_config(cfg), world_size=cfg.learner.world_size,
         num_gpus_per_actor=gpus,
         master_addr="127.0.0.1" if address is None else None,
-        sampling=sampling_transform(cfg), total_steps=cfg.run.updates, objective=learner_objective(cfg),
-        execution=cfg.learner,
+        sampling=sampling_transform(cfg), total_steps=cfg.run.updates, objective=cfg.objective,
+        execution=cfg.learner, loss_constant=loss_constant(cfg),
     )
 
 

@@ -9,19 +9,21 @@ speed and memory, never the gradient. Every backend (:mod:`agentenv.trainer.lear
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 from agentenv.errors import ConfigError
 from agentenv.trainer.logprob_chunks import DEFAULT_CHUNK_TOKENS
 from agentenv.trainer.lr_schedule import SCHEDULES
-from agentenv.trainer.objectives import _check_fraction, check_is_truncation, check_loss_constant
+from agentenv.trainer.objectives import _check_fraction, check_is_truncation
 from agentenv.trainer.trust_gate import check_delta, check_gate
 
 GRPO_CLIP_EPS_NOTE = "the constant 0.2 of PPO and GRPO (trainer/objectives.py, grpo_loss)"
 
-__all__ = ["LearnerConfig", "ObjectiveConfig", "OptimConfig"]
+TRUNCATION_PENALTY = 1.0
+"""Reward units subtracted from a trajectory cut by a token budget under ``objective.truncation: penalty``."""
+
+__all__ = ["TRUNCATION_PENALTY", "LearnerConfig", "ObjectiveConfig", "OptimConfig"]
 
 
 @dataclass(frozen=True)
@@ -57,8 +59,8 @@ class OptimConfig:
     MOVED_FIELDS: ClassVar[dict[str, str]] = {
         "objective": "objective.name",
         **{k: f"objective.{k}" for k in ("delta", "gate", "loss_aggregation", "entropy_keep_fraction",
-                                         "advantage_clip_negative", "truncation", "truncation_penalty",
-                                         "grpo_group_size")},
+                                         "advantage_clip_negative", "truncation", "grpo_group_size")},
+        "truncation_penalty": "the fixed TRUNCATION_PENALTY of objective.truncation: penalty",
         "grpo_clip_eps": GRPO_CLIP_EPS_NOTE,
         **{k: f"learner.{k}" for k in ("micro_batch_size", "max_tokens_per_micro_batch", "logprob_chunk_tokens",
                                        "gradient_checkpointing")},
@@ -120,15 +122,13 @@ class ObjectiveConfig:
         loss_aggregation: FlashREINFORCE only: ``"sample_mean"`` (the method: each trajectory's tokens
             averaged over its ``T_i``, then over B), ``"token_mean"`` (every policy token of the
             batch weighs ``1/N``; the ablation, ``agentenv study sample_vs_token_mean``) or
-            ``"constant"`` (each trajectory's token sum divided by one constant ``K =
-            loss_constant`` instead of its ``T_i``, then averaged over B, so a long failed trajectory
-            is not down-weighted per token; ``agentenv study loss_normaliser``). GRPO is always
-            token-mean (``"constant"`` is refused there).
-        loss_constant: ``K``, the constant normaliser of ``loss_aggregation: constant`` (policy tokens,
-            > 0). None (the default): the rollout's policy-token budget per trajectory,
-            ``min(rollout.max_turns * rollout.max_new_tokens_per_turn, rollout.max_total_tokens)``
-            (:attr:`agentenv.rollout.RolloutConfig.policy_token_budget`), filled in when the learner
-            is built. Setting it with another aggregation is a config error.
+            ``"constant"`` (each trajectory's token sum divided by one constant ``K`` instead of its
+            ``T_i``, then averaged over B, so a long failed trajectory is not down-weighted per token;
+            ``agentenv study loss_normaliser``). ``K`` is the rollout's policy-token budget per
+            trajectory, ``min(rollout.max_turns * rollout.max_new_tokens_per_turn,
+            rollout.max_total_tokens)`` (:attr:`agentenv.rollout.RolloutConfig.policy_token_budget`),
+            given to the learner when it is built. GRPO is always token-mean (``"constant"`` is
+            refused there).
         is_truncation: FlashREINFORCE only: truncated importance sampling (unrelated to ``truncation``,
             which treats trajectories cut by a token budget). ``C > 0``: the per-token
             importance ratio ``rho = pi_theta / mu`` is replaced by ``min(rho, C)`` in the loss (still
@@ -144,25 +144,26 @@ class ObjectiveConfig:
             it keeps its reward like any other row (environments never grade a cut reply unless
             they ask to, so it usually holds 0 and teaches brevity). ``"mask"``: it gets advantage 0
             and is left out of the batch-mean baseline (DAPO's overlong filtering, arXiv 2503.14476
-            sec. 3.4); it still counts in B. ``"penalty"``: ``truncation_penalty`` is subtracted from
-            its reward before the advantages (DAPO's overlong punishment at its hard limit).
-        truncation_penalty: Reward units subtracted under ``truncation: penalty`` (>= 0).
+            sec. 3.4); it still counts in B. ``"penalty"``: :data:`TRUNCATION_PENALTY` (1 reward unit,
+            the whole range of a 0/1 reward) is subtracted from its reward before the advantages
+            (DAPO's overlong punishment at its hard limit).
         grpo_group_size: GRPO samples per prompt (contiguous rows); must be >= 2. The one source of
             rollouts per task under ``name: grpo`` (FlashREINFORCE: one).
     """
 
     MOVED_FIELDS: ClassVar[dict[str, str]] = {"grpo_clip_eps": GRPO_CLIP_EPS_NOTE}
+    FIXED_FIELDS: ClassVar[dict[str, tuple[object, str]]] = {
+        "truncation_penalty": (TRUNCATION_PENALTY, "the reward units objective.truncation: penalty subtracts"),
+        "loss_constant": (None, "the constant normaliser is the rollout's policy-token budget")}
 
     name: Literal["flash_reinforce", "grpo"] = "flash_reinforce"
     delta: float = 1e-3
     gate: Literal["sequence", "token", "none"] = "sequence"
     loss_aggregation: Literal["sample_mean", "token_mean", "constant"] = "sample_mean"
-    loss_constant: int | None = None
     is_truncation: float | None = None
     entropy_keep_fraction: float | None = None
     advantage_clip_negative: bool = False
     truncation: Literal["keep", "mask", "penalty"] = "keep"
-    truncation_penalty: float = 1.0
     grpo_group_size: int = 8
 
     def __post_init__(self) -> None:
@@ -172,17 +173,9 @@ class ObjectiveConfig:
         if self.loss_aggregation not in ("sample_mean", "token_mean", "constant"):
             raise ConfigError(f"objective.loss_aggregation must be 'sample_mean', 'token_mean' or 'constant', "
                               f"got {self.loss_aggregation!r}")
-        check_loss_constant(self.loss_constant, "objective.loss_constant")
-        if self.loss_constant is not None and self.loss_aggregation != "constant":
-            raise ConfigError(f"objective.loss_constant={self.loss_constant} is the normaliser of "
-                              f"objective.loss_aggregation=constant, not of {self.loss_aggregation!r}: set "
-                              "loss_aggregation=constant or leave loss_constant null")
         check_is_truncation(self.is_truncation, "objective.is_truncation")
         if self.truncation not in ("keep", "mask", "penalty"):
             raise ConfigError(f"objective.truncation must be 'keep', 'mask' or 'penalty', got {self.truncation!r}")
-        if not (math.isfinite(self.truncation_penalty) and self.truncation_penalty >= 0):
-            raise ConfigError(f"objective.truncation_penalty must be a finite number >= 0, "
-                              f"got {self.truncation_penalty}")
         check_delta(self.delta)
         if self.entropy_keep_fraction is not None:
             _check_fraction(self.entropy_keep_fraction)

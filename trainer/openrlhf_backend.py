@@ -81,6 +81,7 @@ from agentenv.trainer.lr_schedule import apply_optim_settings, build_scheduler, 
 from agentenv.trainer.objectives import ObjectiveStats
 from agentenv.trainer.update_step import (
     UpdateStats,
+    check_objective_constant,
     micro_batch_objective,
     policy_log_ratios,
     prepare_batch,
@@ -126,6 +127,7 @@ class OpenRLHFLearner:
             :meth:`score`), as in :class:`agentenv.trainer.learner.Learner`. None: the identity.
         total_steps: The run's optimizer steps, the horizon of a cosine lr schedule
             (:mod:`agentenv.trainer.lr_schedule`).
+        loss_constant: ``K`` of ``loss_aggregation: constant``, as in :class:`agentenv.trainer.learner.Learner`.
 
     Raises:
         ConfigError: OpenRLHF/DeepSpeed missing or an inconsistent configuration.
@@ -144,9 +146,11 @@ class OpenRLHFLearner:
         strategy: Any = None,
         sampling: SamplingTransform | None = None,
         total_steps: int | None = None,
+        loss_constant: float | None = None,
     ) -> None:
         self.optim = optim
         self.objective = objective if objective is not None else ObjectiveConfig()
+        self.loss_constant = check_objective_constant(self.objective, loss_constant)
         self.execution = execution = execution if execution is not None else LearnerConfig()
         self.sampling = sampling if sampling is not None else SamplingTransform()
         self.backend = backend if backend is not None else OpenRLHFBackendConfig()
@@ -338,7 +342,8 @@ class OpenRLHFLearner:
                     mb = mb.to(self.device)
                     lp, ent = self._logprobs(mb, with_entropy=True, prefix=prefix)
                     log_ratios.append(policy_log_ratios(lp, mb))
-                    out = micro_batch_objective(lp, ent, mb, batch, self.objective, adm)
+                    out = micro_batch_objective(lp, ent, mb, batch, self.objective, adm,
+                                               loss_constant=self.loss_constant)
                     # DeepSpeed averages gradients over the dp ranks: undo it (module doc)
                     loss, stats = out.loss * self.world_size, stats + out.stats
             elif step < passes:  # padding: this rank has fewer micro-batches than another

@@ -44,6 +44,7 @@ class RayLearnerGroup:
             needed across nodes); pass ``"127.0.0.1"`` on a single machine.
         sampling: The rollout's behaviour transform, handed to every actor's learner (None: identity).
         total_steps: The run's optimizer steps, the horizon of a cosine lr schedule.
+        loss_constant: ``K`` of ``loss_aggregation: constant`` (as in :class:`agentenv.trainer.learner.Learner`).
         objective: The loss; execution: the ``learner`` section's micro-batching (as in
             :class:`agentenv.trainer.learner.Learner`; None: defaults), handed to every actor.
     """
@@ -60,6 +61,7 @@ class RayLearnerGroup:
         total_steps: int | None = None,
         objective: ObjectiveConfig | None = None,
         execution: LearnerConfig | None = None,
+        loss_constant: float | None = None,
     ) -> None:
         import ray
 
@@ -67,8 +69,8 @@ class RayLearnerGroup:
         first = actor_cls.remote(world_size, 0, master_addr, None)
         addr, port = ray.get(first.get_master_addr_port.remote())
         self.actors = [first] + [actor_cls.remote(world_size, r, addr, port) for r in range(1, world_size)]
-        ray.get([a.init_learner.remote(model_factory, optim, backend, sampling, total_steps, objective, execution)
-                 for a in self.actors])
+        ray.get([a.init_learner.remote(model_factory, optim, backend, sampling, total_steps, objective, execution,
+                                       loss_constant) for a in self.actors])
         self._version = 0
 
     def _all(self, method: str, *args: Any, **kwargs: Any) -> Any:
@@ -168,9 +170,10 @@ class _LearnerActor:
         total_steps: int | None = None,
         objective: ObjectiveConfig | None = None,
         execution: LearnerConfig | None = None,
+        loss_constant: float | None = None,
     ) -> None:
         self.learner = OpenRLHFLearner(model_factory(), optim, backend, objective=objective, execution=execution,
-                                       sampling=sampling, total_steps=total_steps)
+                                       sampling=sampling, total_steps=total_steps, loss_constant=loss_constant)
 
     def update(self, trajectories: list[Trajectory], scores: list[torch.Tensor] | None = None) -> UpdateStats:
         return self.learner.update(trajectories, scores=scores)

@@ -61,8 +61,8 @@ def parse_args(argv: list[str]) -> tuple[TrainConfig, argparse.Namespace]:
     ap.add_argument("--model", help="local model folder or mapped name (model.name); default: embedded SmolLM2-135M")
     ap.add_argument("--run-dir", help="run folder (run.run_dir)")
     ap.add_argument("--updates", type=int, help="optimizer steps (run.updates)")
-    ap.add_argument("--mode", choices=["async", "sync"], help="run.mode")
-    ap.add_argument("--policy", choices=["none", "max_lag", "pace", "sync"], help="staleness.policy")
+    ap.add_argument("--policy", choices=["none", "max_lag", "pace", "sync"],
+                    help="staleness.policy (sync: generation and training alternate, the baseline)")
     ap.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its latest checkpoint")
     ap.add_argument("--overwrite", action="store_true", help="delete an existing run folder first")
     ap.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
@@ -74,14 +74,12 @@ def parse_args(argv: list[str]) -> tuple[TrainConfig, argparse.Namespace]:
     remote = bool(args.env_remote) or any(o.startswith("env.remote=") for o in overrides)
     data = recipe_data(args.recipe, args.env, remote=remote)  # the generic recipe names its run folder after the env
     for flag, key in (("env", "env.id"), ("model", "model.name"), ("run_dir", "run.run_dir"),
-                      ("updates", "run.updates"), ("mode", "run.mode"), ("policy", "staleness.policy")):
+                      ("updates", "run.updates"), ("policy", "staleness.policy")):
         value = getattr(args, flag)
         if value is not None:
             overrides.append(f"{key}={json.dumps(value)}")
     if args.env_remote:
         overrides.append(f"env.remote={json.dumps(args.env_remote)}")
-    if args.policy == "sync" and args.mode is None:
-        overrides.append("run.mode=sync")
     cfg = load_config(TrainConfig, apply_overrides(data, overrides))
     args.overrides = overrides  # re-applied to the saved config by --resume
     return cfg, args

@@ -25,7 +25,7 @@ from agentenv.step_latency import StepLatency
 from agentenv.trainer.config import TrainConfig
 from agentenv.trainer.learner_contract import PolicyLearner
 from agentenv.trainer.sync_check import SyncCheck, sync_check
-from agentenv.trainer.warmup import WARMUP_SEED
+from agentenv.trainer.warmup import WARMUP_EXAMPLES, WARMUP_SEED
 from agentenv.trajectory import Trajectory
 
 if TYPE_CHECKING:
@@ -175,7 +175,8 @@ def warmup_cache_key(cfg: TrainConfig, renderer: ChatRenderer) -> str:
     tag = getattr(entry, "demonstrations_tag", None)
     if tag is None:
         tag = f"{entry.__module__}.{getattr(entry, '__qualname__', type(entry).__qualname__)}"
-    settings = {**to_dict(cfg.warmup), "seed": WARMUP_SEED}  # the fixed seed is part of the key
+    # the fixed count and seed are part of the key (in this order, the key of the configs that set them)
+    settings = {**to_dict(cfg.warmup), "num_examples": WARMUP_EXAMPLES, "seed": WARMUP_SEED}
     parts: list[Any] = [cfg.model.name, settings, 3] + ([tag] if tag else [])
     if cfg.model.chat_template_kwargs:
         parts.append({"chat_template_kwargs": dict(cfg.model.chat_template_kwargs)})
@@ -204,7 +205,7 @@ def warmed_up(cfg: TrainConfig, model: torch.nn.Module, tokenizer: Any, renderer
         return model
     encode = lambda s: tokenizer.encode(s, add_special_tokens=False)  # noqa: E731 (scripted text, not sampled)
     examples = spec(cfg.env.id).load().scripted_demonstrations(
-        renderer, encode, count=cfg.warmup.num_examples, seed=WARMUP_SEED)
+        renderer, encode, count=WARMUP_EXAMPLES, seed=WARMUP_SEED)
     t0 = time.time()
     bar = tqdm(total=cfg.warmup.steps, desc="warm-up", unit="step")
 

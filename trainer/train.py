@@ -183,7 +183,7 @@ async def _train(cfg: TrainConfig, run_dir: Path, parts: LoopParts, *, resume: b
     progress = setup.progress_bar(total=cfg.run.updates if loop_seconds is None else None,
                                   initial=run.learner.version)
     try:
-        if cfg.run.mode == "async":
+        if cfg.staleness.policy != "sync":  # sync: each batch is collected after the previous update
             await run.collector.start()
         while run.learner.version < cfg.run.updates and not halt.is_set():
             if run.batches >= cfg.run.batch_limit:
@@ -275,7 +275,6 @@ async def _open(cfg: TrainConfig, run_dir: Path, parts: LoopParts, resume: bool,
         version_fn=lambda: learner.version,
         first_seed=cfg.run.seed * 1_000_003,
         admit=lambda: len(pool) < cfg.run.max_pool_size,
-        max_retries=cfg.run.max_task_retries,
         group_size=group_size,
         failure_limit=failure_limit(cfg.run.concurrency),
     )
@@ -335,7 +334,7 @@ async def _rollout(run: _Run, logs: _Logs, halt: asyncio.Event) -> BatchSelectio
         logs.decisions.write(json.dumps(sel.decision.to_dict()) + "\n")
 
     missing = cfg.run.batch_size - len(pool)
-    if cfg.run.mode == "sync" and missing > 0:
+    if cfg.staleness.policy == "sync" and missing > 0:
         n = run.group_size
         trajs = await collector.collect(-(-missing // n) * n)
         for i in range(0, len(trajs), n):

@@ -21,10 +21,12 @@ from agentenv.errors import ConfigError, DataError
 from agentenv.rollout import is_token_budget_cut
 from agentenv.trainer.advantages import batch_mean_advantages, group_advantages, masked_batch_mean_advantages
 from agentenv.trainer.batching import PolicyBatch, build_batch
+from agentenv.trainer.learner_config import TRUNCATION_PENALTY
 from agentenv.trainer.objectives import (
     RHO_LOG_CLAMP,
     ObjectiveOutput,
     ObjectiveStats,
+    check_loss_constant,
     flash_reinforce_loss,
     grpo_loss,
 )
@@ -36,6 +38,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "UpdateStats",
+    "check_objective_constant",
     "micro_batch_objective",
     "policy_log_ratios",
     "prepare_batch",
@@ -145,7 +148,7 @@ def prepare_batch(
     cut = torch.tensor([is_token_budget_cut(trajectories[k]) for k in batch.source_index], dtype=torch.bool)
     rewards = batch.rewards
     if config.truncation == "penalty":
-        rewards = rewards - config.truncation_penalty * cut.float()
+        rewards = rewards - TRUNCATION_PENALTY * cut.float()
     if config.name == "grpo":
         adv = group_advantages(rewards, config.grpo_group_size)
     elif config.truncation == "mask":
@@ -198,9 +201,29 @@ def update_stats(
     )
 
 
+def check_objective_constant(config: ObjectiveConfig, loss_constant: float | None) -> float | None:
+    """``loss_constant`` when it fits ``config.loss_aggregation``: given (> 0) for ``"constant"``, None otherwise.
+
+    Every learner backend checks its ``loss_constant`` argument with this when it is built.
+
+    Raises:
+        ConfigError: ``"constant"`` without a constant (the trainer passes the rollout's policy-token
+            budget, :func:`agentenv.trainer.learner_backends.loss_constant`), a constant that is not a
+            finite number > 0, or a constant with another aggregation.
+    """
+    if config.loss_aggregation == "constant" and loss_constant is None:
+        raise ConfigError("objective.loss_aggregation=constant needs the learner's loss_constant K (policy tokens); "
+                          "the trainer passes the rollout's policy-token budget (learner_backends.loss_constant)")
+    if config.loss_aggregation != "constant" and loss_constant is not None:
+        raise ConfigError(f"loss_constant={loss_constant} is the normaliser of objective.loss_aggregation=constant, "
+                          f"not of {config.loss_aggregation!r}")
+    check_loss_constant(loss_constant)
+    return loss_constant
+
+
 def micro_batch_objective(
     logprobs: torch.Tensor, entropies: torch.Tensor, mb: PolicyBatch, batch: PolicyBatch, config: ObjectiveConfig,
-    admitted: torch.Tensor | None,
+    admitted: torch.Tensor | None, *, loss_constant: float | None = None,
 ) -> ObjectiveOutput:
     """The objective's loss and statistics on one scored micro-batch: the micro-step every learner backend runs.
 
@@ -218,18 +241,16 @@ def micro_batch_objective(
         config: The objective's settings.
         admitted: ``(b,)`` bool precomputed gate decision for ``mb``'s rows, or None to gate on
             ``logprobs`` (FlashREINFORCE; GRPO ignores it).
+        loss_constant: ``K`` under ``config.loss_aggregation: constant`` (policy tokens), else None.
 
     Returns:
         :class:`ObjectiveOutput`; call ``loss.backward()`` (scaled as the backend needs) when it
         requires grad.
 
     Raises:
-        ConfigError: ``loss_aggregation: constant`` without a ``loss_constant`` (a config that did not
-            come through :func:`agentenv.trainer.learner_backends.learner_objective`).
+        ConfigError: ``loss_constant`` does not fit the aggregation (:func:`check_objective_constant`).
     """
-    if config.loss_aggregation == "constant" and config.loss_constant is None:
-        raise ConfigError("objective.loss_aggregation=constant needs objective.loss_constant; the trainer fills "
-                          "in the rollout's policy-token budget (learner_backends.learner_objective)")
+    check_objective_constant(config, loss_constant)
     if config.name == "grpo":
         out = grpo_loss(
             logprobs, mb.behaviour_logprobs, mb.loss_mask, mb.advantages, mb.lengths, batch.global_tokens,
@@ -244,7 +265,7 @@ def micro_batch_objective(
             row_ids=mb.ids,
             total_tokens=batch.global_tokens if config.loss_aggregation == "token_mean" else None,
             gate=config.gate, token_admitted=mb.gate_mask if admitted is not None else None,
-            is_truncation=config.is_truncation, loss_constant=config.loss_constant,
+            is_truncation=config.is_truncation, loss_constant=loss_constant,
         )
     mask = mb.loss_mask.to(entropies.device)
     stats = replace(out.stats, entropy_sum=float(entropies.detach()[mask].double().sum()),

@@ -24,6 +24,8 @@ from agentenv.trajectory import Trajectory
 
 WARMUP_SEED = 0
 """Seeds the warm-up's demonstrations and batch order (the same for every run seed)."""
+WARMUP_EXAMPLES = 320
+"""Distinct demonstrations the environment writes for the warm-up (cycled through)."""
 
 
 @dataclass(frozen=True)
@@ -34,7 +36,8 @@ class WarmupConfig:
         steps: Optimizer steps (0 disables the warm-up).
         batch_size: Transcripts per step.
         lr: AdamW learning rate.
-        num_examples: Distinct demonstrations written (cycled through).
+
+    The environment writes :data:`WARMUP_EXAMPLES` distinct demonstrations, cycled through.
 
     The demonstrations and the batch order are drawn with the fixed seed :data:`WARMUP_SEED`, whatever
     ``run.seed`` is: the warm-up is one cached computation that every seed of a configuration shares,
@@ -43,15 +46,16 @@ class WarmupConfig:
 
     MOVED_FIELDS: ClassVar[dict[str, str]] = {
         "seed": "the fixed WARMUP_SEED (0): every run seed shares one cached warm-up"}
+    FIXED_FIELDS: ClassVar[dict[str, tuple[object, str]]] = {
+        "num_examples": (WARMUP_EXAMPLES, "the demonstrations the environment writes, WARMUP_EXAMPLES")}
 
     steps: int = 40
     batch_size: int = 8
     lr: float = 5e-5
-    num_examples: int = 320
 
     def __post_init__(self) -> None:
-        if self.steps < 0 or self.batch_size < 1 or self.num_examples < 1:
-            raise ConfigError("warmup.steps must be >= 0, batch_size and num_examples >= 1")
+        if self.steps < 0 or self.batch_size < 1:
+            raise ConfigError("warmup.steps must be >= 0 and warmup.batch_size >= 1")
         if self.lr <= 0:
             raise ConfigError(f"warmup.lr must be > 0, got {self.lr}")
 

@@ -1,5 +1,5 @@
 """The ablation options of ``agentenv study``: ``objective.advantage_clip_negative``,
-``objective.loss_aggregation`` (with ``loss_constant``) and ``objective.is_truncation``, against
+``objective.loss_aggregation`` (with the learner's ``loss_constant``) and ``objective.is_truncation``, against
 hand-computed advantages, losses and gradients."""
 
 from __future__ import annotations
@@ -80,32 +80,39 @@ def test_constant_normaliser_divides_every_row_by_k():
         _grad(None, loss_constant=0)
 
 
-def test_loss_constant_config():
-    assert ObjectiveConfig(loss_aggregation="constant", loss_constant=384).loss_constant == 384
-    assert ObjectiveConfig(loss_aggregation="constant").loss_constant is None  # filled in by learner_objective
+def test_the_learner_takes_a_loss_constant_only_for_the_constant_aggregation():
+    from agentenv.trainer.update_step import check_objective_constant
+
+    constant = ObjectiveConfig(loss_aggregation="constant")
+    assert check_objective_constant(constant, 384) == 384
     for bad in (0, -5, float("nan"), float("inf")):
-        with pytest.raises(ConfigError, match="objective.loss_constant"):
-            ObjectiveConfig(loss_aggregation="constant", loss_constant=bad)
-    with pytest.raises(ConfigError, match="loss_aggregation=constant"):
-        ObjectiveConfig(loss_constant=384)  # a constant that no aggregation would use
+        with pytest.raises(ConfigError, match="loss_constant"):
+            check_objective_constant(constant, bad)
+    with pytest.raises(ConfigError, match="needs the learner's loss_constant"):
+        check_objective_constant(constant, None)
+    with pytest.raises(ConfigError, match="not of 'sample_mean'"):
+        check_objective_constant(ObjectiveConfig(), 384)  # a constant that no aggregation would use
     with pytest.raises(ConfigError, match="GRPO is always token-mean"):
         ObjectiveConfig(name="grpo", grpo_group_size=2, loss_aggregation="constant")
 
 
-def test_learner_objective_fills_in_the_rollouts_policy_token_budget():
-    from agentenv.trainer.learner_backends import learner_objective
+def test_the_loss_constant_is_the_rollouts_policy_token_budget():
+    from agentenv.configio import load_config
+    from agentenv.trainer.learner_backends import loss_constant
     from agentenv.trainer.recipe import parse_args
 
     cfg, _ = parse_args(["objective.loss_aggregation=constant", "rollout.max_turns=3",
                          "rollout.max_new_tokens_per_turn=50", "rollout.max_total_tokens=400"])
-    assert cfg.objective.loss_constant is None and learner_objective(cfg).loss_constant == 150  # 3 x 50
+    assert loss_constant(cfg) == 150  # 3 x 50
     cfg, _ = parse_args(["objective.loss_aggregation=constant", "rollout.max_turns=3",
                          "rollout.max_new_tokens_per_turn=50", "rollout.max_total_tokens=120"])
-    assert learner_objective(cfg).loss_constant == 120  # the total budget binds first
-    cfg, _ = parse_args(["objective.loss_aggregation=constant", "objective.loss_constant=64"])
-    assert learner_objective(cfg).loss_constant == 64
-    cfg, _ = parse_args([])
-    assert learner_objective(cfg) is cfg.objective
+    assert loss_constant(cfg) == 120  # the total budget binds first
+    assert loss_constant(parse_args([])[0]) is None
+    # a config saved when the constant was a setting loads at its default (null), and refuses another value
+    assert load_config(ObjectiveConfig, {"loss_aggregation": "constant", "loss_constant": None}) == \
+        ObjectiveConfig(loss_aggregation="constant")
+    with pytest.raises(ConfigError, match="loss_constant is no longer a setting"):
+        load_config(ObjectiveConfig, {"loss_aggregation": "constant", "loss_constant": 64})
 
 
 def _tis_inputs():

@@ -54,7 +54,7 @@ def test_compare_trains_each_setting_in_a_child_and_keeps_the_finished_rows_afte
     outcomes, seen = {}, []
 
     def fake_child(cfg, run_dir, *, resume, seconds, head, then):
-        seen.append((head, cfg.run.mode, cfg.staleness.policy, cfg.run.updates, cfg.eval.problems, resume, then))
+        seen.append((head, cfg.staleness.policy, cfg.run.updates, cfg.eval.problems, resume, then))
         if isinstance(outcomes[head], Exception):
             raise outcomes[head]
         return outcomes[head]
@@ -67,9 +67,9 @@ def test_compare_trains_each_setting_in_a_child_and_keeps_the_finished_rows_afte
 
     outcomes.update({"sync": (True, False), "async-none": (True, True)})  # Ctrl-C after async-none had finished
     assert compare.main(["--updates", "3", "--out", str(tmp_path / "a")]) == 130
-    assert seen == [("sync", "sync", "sync", 3, 0, False, "run it again with --overwrite (add --only sync "
+    assert seen == [("sync", "sync", 3, 0, False, "run it again with --overwrite (add --only sync "
                      "async-none async-max_lag async-pace to keep the settings that finished)"),
-                    ("async-none", "async", "none", 3, 0, False, "run it again with --overwrite (add --only "
+                    ("async-none", "none", 3, 0, False, "run it again with --overwrite (add --only "
                      "async-none async-max_lag async-pace to keep the settings that finished)")]
     rows = json.loads((tmp_path / "a" / "compare.json").read_text())
     assert [(r["setting"], r["time_vs_sync"]) for r in rows] == [("sync", 1.0), ("async-none", 0.75)]  # 60 s / 80 s

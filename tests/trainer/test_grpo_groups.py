@@ -26,7 +26,7 @@ GRPO = ["objective.name=grpo", "objective.grpo_group_size=4", "run.batch_size=8"
         (["objective.name=grpo", "objective.grpo_group_size=1", "run.batch_size=8"], "grpo_group_size >= 2"),
         (["objective.name=grpo", "objective.grpo_group_size=3", "run.batch_size=8"],
          r"run.batch_size \(8\) must be a multiple of objective.grpo_group_size \(3\)"),
-        (["run.max_task_retries=-1"], "max_task_retries"),
+        (["run.max_task_retries=3"], "max_task_retries is no longer a setting: it is fixed at 2"),
     ],
 )
 def test_mixed_prompt_groups_are_config_errors(argv, needle):
@@ -38,7 +38,7 @@ def test_flash_reinforce_needs_no_group_multiple():
     cfg, _ = parse_args(["run.batch_size=6", "run.max_pool_size=12"])  # grpo_group_size 8 is ignored
     assert cfg.objective.name == "flash_reinforce"
     cfg, _ = parse_args(["objective.name=grpo", "objective.grpo_group_size=4", "run.batch_size=8"])
-    assert cfg.run.max_task_retries == 2
+    assert parse_args(["run.max_task_retries=2"])[0] == parse_args([])[0]  # a config saved with the fixed value
 
 
 def _check_groups(batch, n, cfg):
@@ -58,10 +58,9 @@ def _check_groups(batch, n, cfg):
     return int(mixed.sum())
 
 
-@pytest.mark.parametrize("mode, policy, env", [("async", "pace", CountdownEnv), ("sync", "sync", CountdownEnv),
-                                               ("async", "max_lag", FlakyEnv)])
-def test_a_grpo_batch_is_whole_groups_of_one_task(tmp_path, scripted, mode, policy, env):  # noqa: F811
-    summary, _ = _train(tmp_path, env, scripted, *GRPO, "--mode", mode, "--policy", policy, "--updates", "2")
+@pytest.mark.parametrize("policy, env", [("pace", CountdownEnv), ("sync", CountdownEnv), ("max_lag", FlakyEnv)])
+def test_a_grpo_batch_is_whole_groups_of_one_task(tmp_path, scripted, policy, env):  # noqa: F811
+    summary, _ = _train(tmp_path, env, scripted, *GRPO, "--policy", policy, "--updates", "2")
     assert summary["updates"] == 2
     cfg, _ = parse_args(GRPO)
     assert len(scripted.batches) >= 2  # a batch without gradient takes no step

@@ -55,11 +55,11 @@ async def test_held_out_problems_are_the_first_short_math500_ones_and_not_traini
 
 
 async def test_success_rate_counts_exactly_the_correct_answers():
-    cfg = _cfg(5, samples_per_problem=2, concurrency=3)
+    cfg = _cfg(5, concurrency=3)
     _, tasks = await held_out_tasks(cfg)
     problems = {p.id: p for p in load_math("math500")}
     engine = AnswerEvenProblems([problems[i] for i in tasks.ids])
-    report = await evaluate_held_out(cfg, engine, CharRenderer(), label="after")
+    report = await evaluate_held_out(cfg, engine, CharRenderer(), label="after", samples_per_task=2)
     # problems 0, 2, 4 answered right, twice each: 6 of 10 episodes
     assert (report.tasks, report.episodes, report.errors) == (5, 10, 0)
     assert report.success_rate == pytest.approx(0.6)

@@ -54,8 +54,9 @@ def test_score_matches_unpadded_forward(arch):
 @pytest.mark.parametrize("options", [{}, {"loss_aggregation": "constant", "loss_constant": 20, "is_truncation": 1.02}])
 def test_gradient_matches_hand_written_loss_and_ignores_micro_batching(options):
     model = tiny_model(2)
+    objective = {k: v for k, v in options.items() if k != "loss_constant"}
     learner = Learner(model, OptimConfig(),
-                      objective=ObjectiveConfig(delta=10.0, **options),
+                      objective=ObjectiveConfig(delta=10.0, **objective), loss_constant=options.get("loss_constant"),
                       execution=LearnerConfig(micro_batch_size=8))
     trajs = make_trajectories(8, seed=2)
     trajs = on_policy(trajs, learner.score(trajs), noise=0.05)

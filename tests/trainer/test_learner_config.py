@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 
@@ -52,3 +53,29 @@ def test_the_recipe_fills_all_three_sections():
         ("single", 16, 512)
     cfg, _ = parse_args(["objective.delta=0.05", "learner.max_tokens_per_micro_batch=256", "optim.lr=1e-5"])
     assert (cfg.objective.delta, cfg.learner.max_tokens_per_micro_batch, cfg.optim.lr) == (0.05, 256, 1e-5)
+
+
+def _sections(cls):
+    """``(dotted prefix, dataclass)`` for ``cls`` and every config section nested in it."""
+    yield "", cls
+    for f in dataclasses.fields(cls):
+        if callable(f.default_factory) and dataclasses.is_dataclass(f.default_factory):
+            for prefix, inner in _sections(f.default_factory):
+                yield f"{f.name}.{prefix}", inner
+
+
+def test_a_value_fixed_in_code_loads_from_an_old_config_at_that_value_and_is_refused_at_any_other():
+    from agentenv.trainer.config import TrainConfig
+
+    fixed = [(prefix + key, value) for prefix, cls in _sections(TrainConfig)
+             for key, (value, _) in getattr(cls, "FIXED_FIELDS", {}).items()]
+    assert {key for key, _ in fixed} == {"run.max_task_retries", "run.mode", "objective.truncation_penalty",
+                                         "objective.loss_constant", "warmup.num_examples", "eval.samples_per_problem"}
+    default = parse_args([])[0]
+    for key, value in fixed:
+        section, field = key.rsplit(".", 1)
+        assert field not in {f.name for f in dataclasses.fields(getattr(default, section))}, key
+        assert parse_args([f"{key}={json.dumps(value)}"])[0] == default, key
+        other = "sync" if isinstance(value, str) else 3 if value is None else value + 1
+        with pytest.raises(ConfigError, match=rf"{key} is no longer a setting: it is fixed at {value!r}"):
+            parse_args([f"{key}={json.dumps(other)}"])

@@ -81,8 +81,8 @@ def test_truncation_keep_mask_and_penalty_advantages():
     # baseline over rows 0, 2, 3: mean 2/3; row 1 gets 0
     assert masked.advantages.tolist() == pytest.approx([1 / 3, 0.0, 1 / 3, -2 / 3])
     pen, _ = prepare_batch(_cut(make_trajectories(4, rewards=rewards), [1]), None,
-                           ObjectiveConfig(truncation="penalty", truncation_penalty=1.0), 0)
-    # shaped rewards 1, -1, 1, 0: mean 0.25
+                           ObjectiveConfig(truncation="penalty"), 0)
+    # TRUNCATION_PENALTY = 1: shaped rewards 1, -1, 1, 0: mean 0.25
     assert pen.advantages.tolist() == pytest.approx([0.75, -1.25, 0.75, -0.25])
     assert pen.rewards.tolist() == rewards  # the logged rewards stay the environment's
 
@@ -98,7 +98,7 @@ def test_masked_baseline_edge_cases():
         masked_batch_mean_advantages(r, torch.tensor([True, False]))
 
 
-@pytest.mark.parametrize("bad", [dict(truncation="drop"), dict(truncation_penalty=-1.0),
+@pytest.mark.parametrize("bad", [dict(truncation="drop"),
                                  dict(name="grpo", grpo_group_size=1),
                                  dict(name="grpo", grpo_group_size=4, truncation="mask")])
 def test_bad_objective_settings_are_config_errors(bad):

@@ -32,7 +32,7 @@ OVERRIDES = [
     "warmup.steps=0", "eval.problems=0", "run.batch_size=16", "run.concurrency=16", "run.max_pool_size=48",
     "run.checkpoint_every=1000", "rollout.max_turns=1", "rollout.max_new_tokens_per_turn=1",
     "rollout.max_total_tokens=4", "learner.micro_batch_size=16", "optim.lr=0.02", "optim.weight_decay=0.0",
-    "objective.delta=5.0", "learner.gradient_checkpointing=false", "staleness.policy=pace", "run.mode=async",
+    "objective.delta=5.0", "learner.gradient_checkpointing=false", "staleness.policy=pace",
     "model.max_batch_size=16", "run.seed=0", f"run.updates={UPDATES}", "run.max_batches=60",
 ]
 

@@ -105,16 +105,16 @@ def _train(tmp_path, env, scripted, *extra):
     return asyncio.run(asyncio.wait_for(train_loop.train(cfg, run_dir, parts=scripted.with_env(env)), 90)), run_dir
 
 
-@pytest.mark.parametrize("mode", ["async", "sync"])
-def test_a_broken_env_stops_the_run_with_its_error(tmp_path, scripted, mode):
+@pytest.mark.parametrize("policy", ["pace", "sync"])
+def test_a_broken_env_stops_the_run_with_its_error(tmp_path, scripted, policy):
     with pytest.raises(AgentEnvError, match=r"last 16 episodes all failed.*reset exploded: no such sandbox image"):
-        _train(tmp_path, BrokenResetEnv, scripted, "--mode", mode, "--updates", "2")
+        _train(tmp_path, BrokenResetEnv, scripted, "--policy", policy, "--updates", "2")
     assert scripted.batches == []  # nothing was ever trained on
 
 
-@pytest.mark.parametrize("mode, policy", [("async", "pace"), ("sync", "sync")])
-def test_a_flaky_env_trains_on_good_episodes_only_and_counts_the_failures(tmp_path, scripted, mode, policy):
-    summary, run_dir = _train(tmp_path, FlakyEnv, scripted, "--mode", mode, "--policy", policy, "--updates", "3")
+@pytest.mark.parametrize("policy", ["pace", "sync"])
+def test_a_flaky_env_trains_on_good_episodes_only_and_counts_the_failures(tmp_path, scripted, policy):
+    summary, run_dir = _train(tmp_path, FlakyEnv, scripted, "--policy", policy, "--updates", "3")
     batches = scripted.batches
     assert summary["updates"] == 3 and not summary["interrupted"]
     assert len(batches) >= 3 and all(len(b) == 4 for b in batches)  # a batch without gradient takes no step
@@ -187,7 +187,7 @@ def test_a_spent_loop_budget_ends_the_run_complete_and_evaluated_and_ctrl_c_does
 def test_a_resumed_setting_with_no_budget_left_trains_nothing_and_is_evaluated_after(tmp_path, monkeypatch, scripted):
     evaluated = recorded_evaluations(monkeypatch)
     cfg, _ = recipe.parse_args(["--run-dir", str(tmp_path / "run"), *OVERRIDES, "--updates", "100000",
-                                "eval.problems=1", "--mode", "sync", "--policy", "sync"])
+                                "eval.problems=1", "--policy", "sync"])
     run_dir = recipe.prepare_run_dir(cfg, resume=False, overwrite=False)
 
     async def stopped_by_ctrl_c():  # the first process: Ctrl-C (as if during its evaluation after)

@@ -157,10 +157,10 @@ OVERRIDES = ["warmup.steps=0", "eval.problems=0", "run.batch_size=8", "run.concu
 KEYS = ("busy/engine_s", "busy/env_s", "busy/learner_s")
 
 
-def run_loop(tmp_path, mode):
+def run_loop(tmp_path, policy):
     parts = LoopParts(load_policy=lambda cfg, **_: (tiny_llama(), None, CharRenderer()),
                       env_factory=lambda cfg, *_: SlowToolEnv)
-    cfg, _ = recipe.parse_args(["--run-dir", str(tmp_path / mode), *OVERRIDES, f"run.mode={mode}"])
+    cfg, _ = recipe.parse_args(["--run-dir", str(tmp_path / policy), *OVERRIDES, f"staleness.policy={policy}"])
     run_dir = recipe.prepare_run_dir(cfg, resume=False, overwrite=False)
     summary = asyncio.run(asyncio.wait_for(train_loop.train(cfg, run_dir, parts=parts), 100))
     assert summary["updates"] == 3 and not summary["interrupted"]
@@ -187,7 +187,7 @@ def run_loop(tmp_path, mode):
 
 
 def test_the_async_loop_logs_its_busy_time_and_overlap_bound(tmp_path):
-    run_loop(tmp_path, "async")
+    run_loop(tmp_path, "pace")
 
 
 def test_in_sync_mode_the_learner_never_overlaps_generation(tmp_path):

@@ -113,12 +113,12 @@ async def test_held_out_evaluation_plays_each_declared_task(guess_number):
             "eval.problems=4",
             "env.kwargs.high=9",
             "env.eval_kwargs.low=5",
-            "eval.samples_per_problem=2",
         ]
     )
     _, tasks = await held_out_tasks(cfg)
     assert tasks.ids == ("secret-5", "secret-6", "secret-7", "secret-8") and tasks.kinds == ("",) * 4
-    report = await evaluate_held_out(cfg, ScriptedEngine(["I say 6"]), CharRenderer(), label="before")
+    report = await evaluate_held_out(cfg, ScriptedEngine(["I say 6"]), CharRenderer(), label="before",
+                                     samples_per_task=2)
     assert report.task_ids == tasks.ids and report.outcomes == (0.0, 1.0, 0.0, 0.0)
     assert (report.tasks, report.episodes, report.errors, report.success_rate) == (4, 8, 0, 0.25)
 

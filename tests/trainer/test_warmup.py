@@ -43,7 +43,7 @@ def _padded_token_mean_nll(model, batch) -> torch.Tensor:
 @pytest.mark.parametrize("system", [0, 20])  # 20: the shared-prefix pass of token_logprobs
 def test_one_step_equals_an_adamw_step_on_the_padded_batch_loss(system):
     examples = _examples(3, seed=1, system=system)
-    cfg = WarmupConfig(steps=1, batch_size=3, lr=1e-2, num_examples=3)
+    cfg = WarmupConfig(steps=1, batch_size=3, lr=1e-2)
     ours, ref = tiny_model(21), tiny_model(21)
     # the warm-up draws the batch from a shuffled order; with batch = all examples it is a permutation
     losses = sft_warmup(ours, examples, cfg)

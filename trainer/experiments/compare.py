@@ -28,9 +28,8 @@ from agentenv.trainer.plots import read_jsonl
 from agentenv.trainer.recipe import prepare_run_dir, resolve_recipe
 from agentenv.trainer.run_process import train_in_child
 
-#: (name, run.mode, staleness.policy)
-SETTINGS = (("sync", "sync", "sync"), ("async-none", "async", "none"),
-            ("async-max_lag", "async", "max_lag"), ("async-pace", "async", "pace"))
+#: (name, staleness.policy); ``sync`` alternates generation and training, the others overlap them
+SETTINGS = (("sync", "sync"), ("async-none", "none"), ("async-max_lag", "max_lag"), ("async-pace", "pace"))
 
 
 def summarize(name: str, run_dir: Path) -> dict[str, Any]:
@@ -104,13 +103,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         claim_parent(out, {s[0] for s in SETTINGS} | {"compare.md", "compare.json"}, "a comparison")
         base = apply_overrides(read_yaml(resolve_recipe(args.recipe)), ["eval.problems=0", *args.overrides])
-        for i, (name, mode, policy) in enumerate(chosen):
-            data = apply_overrides(base, [f"run.mode={mode}", f"staleness.policy={policy}",
+        for i, (name, policy) in enumerate(chosen):
+            data = apply_overrides(base, [f"staleness.policy={policy}",
                                           f"run.updates={args.updates}", f"run.run_dir={out / name}"])
             cfg = load_config(TrainConfig, data)
             run_dir = prepare_run_dir(cfg, resume=False, overwrite=args.overwrite)
             print(f"== {name} ==", file=sys.stderr)
-            left = " ".join(n for n, _, _ in chosen[i:])
+            left = " ".join(n for n, _ in chosen[i:])
             finished, user_stop = train_in_child(
                 cfg, run_dir, resume=False, seconds=None, head=name,
                 then=f"run it again with --overwrite (add --only {left} to keep the settings that finished)")

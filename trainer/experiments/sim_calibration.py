@@ -180,7 +180,8 @@ def measure_run(run_dir: str | Path) -> RunMeasurement:
         raise ConfigError(f"{run_dir}/staleness.jsonl has no start and completion times: the run is older than "
                           "the simulator's calibration; train it again to replay it")
     run, stale, latency = cfg["run"], cfg["staleness"], cfg["env"].get("step_latency") or {}
-    mode = run["mode"]
+    # a sync run: staleness.policy sync (or run.mode: sync, in run folders whose config still has that key)
+    mode = "sync" if stale["policy"] == "sync" or run.get("mode") == "sync" else "async"
     policy = "sync" if mode == "sync" else stale["policy"]
     if policy == "pace" and stale.get("drift_mode") == "token_share":
         policy = "pace_share"

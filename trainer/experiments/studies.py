@@ -130,11 +130,11 @@ def _s(name: str, *overrides: str) -> Setting:
 
 #: The staleness policies compared at equal wall-clock (with and without tool latency).
 _WALL_CLOCK_SETTINGS = (
-    _s("sync", "run.mode=sync", "staleness.policy=sync"),
-    _s("async_none", "run.mode=async", "staleness.policy=none"),
-    _s("async_max_lag", "run.mode=async", "staleness.policy=max_lag"),
-    _s("pace_token_share", "run.mode=async", "staleness.policy=pace", "staleness.drift_mode=token_share"),
-    _s("pace_scoring", "run.mode=async", "staleness.policy=pace", "staleness.drift_mode=scoring"),
+    _s("sync", "staleness.policy=sync"),
+    _s("async_none", "staleness.policy=none"),
+    _s("async_max_lag", "staleness.policy=max_lag"),
+    _s("pace_token_share", "staleness.policy=pace", "staleness.drift_mode=token_share"),
+    _s("pace_scoring", "staleness.policy=pace", "staleness.drift_mode=scoring"),
 )
 _WALL_CLOCK_FIGURES = ("success_after", "reward_last5", "gs_mean", "ws_mean", "rejection_rate")
 

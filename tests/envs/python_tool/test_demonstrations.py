@@ -65,7 +65,8 @@ def _renderer(template_extra: str = "") -> ChatRenderer:
 
 def test_the_warm_up_cache_key_of_the_cpu_default_is_unchanged():
     cfg, _ = parse_args(["--recipe", "python_tool_cpu"])
-    settings = {**to_dict(cfg.warmup), "seed": 0}  # the warm-up's fixed seed is in the key
+    # the warm-up's fixed demonstration count and seed are in the key
+    settings = {**to_dict(cfg.warmup), "num_examples": 320, "seed": 0}
     before = hashlib.sha256(json.dumps([cfg.model.name, settings, 3]).encode()).hexdigest()[:12]
     hermes = _renderer()
     assert hermes.tool_parser_name == "hermes"
@@ -93,7 +94,8 @@ def test_the_warm_up_cache_key_names_a_tool_call_family_other_than_hermes():
     keys = {name: setup.warmup_cache_key(cfg, r) for name, r in renderers.items()}
     # each family's demonstrations write other call text, so each has a key of its own
     assert len(set(keys.values())) == len(keys) and CPU_DEFAULT_KEY not in keys.values()
-    expected = [cfg.model.name, {**to_dict(cfg.warmup), "seed": 0}, 3, {"tool_call_family": "mistral"}]
+    expected = [cfg.model.name, {**to_dict(cfg.warmup), "num_examples": 320, "seed": 0}, 3,
+                {"tool_call_family": "mistral"}]
     assert keys["mistral"] == hashlib.sha256(json.dumps(expected).encode()).hexdigest()[:12]
     # the family is the only difference: the demonstrations of two families differ in their call text
     encode = lambda s: smollm_tokenizer().encode(s, add_special_tokens=False)  # noqa: E731
