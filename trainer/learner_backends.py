@@ -68,9 +68,10 @@ def sampling_transform(cfg: TrainConfig) -> SamplingTransform:
 
 
 def loss_constant(cfg: TrainConfig) -> int | None:
-    """``K`` of ``objective.loss_aggregation: constant``: the rollout's policy-token budget per trajectory.
+    """``K`` of ``objective.loss_aggregation: constant`` (policy tokens), None under any other aggregation.
 
-    (:attr:`agentenv.rollout.RolloutConfig.policy_token_budget`, tokens); None under any other aggregation.
+    ``K`` is the rollout's policy-token budget per trajectory
+    (:attr:`agentenv.rollout.RolloutConfig.policy_token_budget`).
     """
     return cfg.rollout.policy_token_budget if cfg.objective.loss_aggregation == "constant" else None
 
