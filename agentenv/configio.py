@@ -9,6 +9,7 @@ values) on top, the way command-line overrides do.
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from collections.abc import Iterable, Mapping, Sequence
@@ -173,6 +174,15 @@ def apply_overrides(data: dict[str, Any], overrides: Iterable[str]) -> dict[str,
                 raise ConfigError(f"override {item!r}: {p!r} is not a section")
         node[parts[-1]] = yaml.safe_load(raw)
     return out
+
+
+_OVERRIDE_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+")
+
+
+def is_override(token: str) -> bool:
+    """Whether a command-line token is a ``section.field=value`` override (a dotted key, then ``=``)."""
+    key, eq, _ = token.partition("=")
+    return bool(eq) and _OVERRIDE_KEY.fullmatch(key) is not None
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:

@@ -89,6 +89,19 @@ def test_compare_trains_each_setting_in_a_child_and_keeps_the_finished_rows_afte
     assert "agentenv compare: async-none: the run's process was killed by SIGKILL" in capsys.readouterr().err
 
 
+def test_overrides_may_follow_the_list_of_settings(tmp_path, monkeypatch):
+    from agentenv.trainer.experiments import compare
+
+    seen = []
+    monkeypatch.setattr(compare, "train_in_child", lambda cfg, run_dir, **_: seen.append(
+        (cfg.staleness.policy, cfg.run.updates, cfg.eval.problems)) or (True, False))
+    monkeypatch.setattr(compare, "summarize", lambda name, run_dir: {"setting": name, "train_s": 1.0})
+    # as in BENCHMARKS' command: an override after --only's settings is not taken for one of them
+    argv = ["--updates", "12", "--only", "sync", "async-pace", "eval.problems=3", "--out", str(tmp_path / "c")]
+    assert compare.main(argv) == 0
+    assert seen == [("sync", 12, 3), ("pace", 12, 3)]
+
+
 def test_compare_never_writes_among_or_deletes_user_files(tmp_path, capsys):
     from agentenv.trainer.experiments.compare import main
 

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from agentenv.configio import apply_overrides, load_config, read_yaml
+from agentenv.configio import apply_overrides, is_override, load_config, read_yaml
 from agentenv.errors import AgentEnvError
 from agentenv.output_folders import claim_parent
 from agentenv.trainer.config import TrainConfig
@@ -95,8 +95,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", nargs="*", choices=[s[0] for s in SETTINGS], metavar="SETTING",
                     help="a subset of: " + ", ".join(s[0] for s in SETTINGS))
     ap.add_argument("--overwrite", action="store_true", help="replace existing run folders under --out")
-    ap.add_argument("overrides", nargs="*", help="section.field=value overrides for every setting")
-    args = ap.parse_args(argv)
+    ap.add_argument("overrides", nargs="*", help="section.field=value overrides for every setting (anywhere on the "
+                    "command line, also after --only)")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    overrides = [a for a in argv if is_override(a)]
+    args = ap.parse_args([a for a in argv if not is_override(a)])
+    args.overrides = overrides
     out = Path(args.out)
     rows, status = [], 0
     chosen = [s for s in SETTINGS if not args.only or s[0] in args.only]
