@@ -50,7 +50,7 @@ def test_the_recipe_fills_all_three_sections():
     assert (cfg.optim.lr, cfg.optim.lr_schedule, cfg.optim.warmup_ratio) == (1.5e-5, "cosine", 0.2)
     assert (cfg.objective.name, cfg.objective.delta, cfg.objective.gate) == ("flash_reinforce", 0.15, "sequence")
     assert (cfg.learner.backend, cfg.learner.micro_batch_size, cfg.learner.max_tokens_per_micro_batch) == \
-        ("single", 16, 512)
+        ("single", 16, 384)
     cfg, _ = parse_args(["objective.delta=0.05", "learner.max_tokens_per_micro_batch=256", "optim.lr=1e-5"])
     assert (cfg.objective.delta, cfg.learner.max_tokens_per_micro_batch, cfg.optim.lr) == (0.05, 256, 1e-5)
 
