@@ -9,7 +9,6 @@ values) on top, the way command-line overrides do.
 from __future__ import annotations
 
 import dataclasses
-import re
 import types
 import typing
 from collections.abc import Iterable, Mapping, Sequence
@@ -176,13 +175,12 @@ def apply_overrides(data: dict[str, Any], overrides: Iterable[str]) -> dict[str,
     return out
 
 
-_OVERRIDE_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+")
-
-
 def is_override(token: str) -> bool:
-    """Whether a command-line token is a ``section.field=value`` override (a dotted key, then ``=``)."""
-    key, eq, _ = token.partition("=")
-    return bool(eq) and _OVERRIDE_KEY.fullmatch(key) is not None
+    """Whether a command-line token is a ``section.field=value`` override: it holds ``=`` and is not a flag.
+
+    The key is checked when the override is applied (:func:`apply_overrides`, :func:`load_config`).
+    """
+    return "=" in token and not token.startswith("-")
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from agentenv.configio import apply_overrides, load_config, read_yaml, to_dict
+from agentenv.configio import apply_overrides, is_override, load_config, read_yaml, to_dict
 from agentenv.errors import AgentEnvError, ConfigError, Interrupted, RunFolderError
 from agentenv.models import check_model
 from agentenv.output_folders import RUN, claim_folder
@@ -106,7 +106,7 @@ def _dotted_overrides(rest: list[str]) -> list[str]:
     out, i = [], 0
     while i < len(rest):
         a = rest[i]
-        if "=" in a and not a.startswith("-"):
+        if is_override(a):
             out.append(a)
         elif a.startswith("--") and "." in a:
             key, eq, val = a[2:].partition("=")

@@ -89,7 +89,7 @@ def test_compare_trains_each_setting_in_a_child_and_keeps_the_finished_rows_afte
     assert "agentenv compare: async-none: the run's process was killed by SIGKILL" in capsys.readouterr().err
 
 
-def test_overrides_may_follow_the_list_of_settings(tmp_path, monkeypatch):
+def test_overrides_may_follow_the_list_of_settings(tmp_path, monkeypatch, capsys):
     from agentenv.trainer.experiments import compare
 
     seen = []
@@ -100,6 +100,12 @@ def test_overrides_may_follow_the_list_of_settings(tmp_path, monkeypatch):
     argv = ["--updates", "12", "--only", "sync", "async-pace", "eval.problems=3", "--out", str(tmp_path / "c")]
     assert compare.main(argv) == 0
     assert seen == [("sync", 12, 3), ("pace", 12, 3)]
+    # an override whose key is no identifier, or a stray word, reaches the config's error: nothing is dropped
+    assert compare.main(["--only", "sync", "run.some-key=1", "--out", str(tmp_path / "d")]) == 2
+    assert "unknown field(s) ['some-key']" in capsys.readouterr().err
+    assert compare.main(["--only", "sync", "--out", str(tmp_path / "e"), "stray"]) == 2
+    assert "override 'stray' must look like section.field=value" in capsys.readouterr().err
+    assert len(seen) == 2
 
 
 def test_compare_never_writes_among_or_deletes_user_files(tmp_path, capsys):
