@@ -10,7 +10,7 @@ renders observations with the model's chat template.
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, ClassVar, Generic, NamedTuple, TypeVar
@@ -122,8 +122,41 @@ class TaskSet:
         return TaskSet(self.ids[:n], self.kinds[:n])
 
 
-#: One scripted demonstration for the supervised warm-up: ``(token ids, loss mask)``, both ``(L,)``.
-Demonstration = tuple[list[int], list[int]]
+@dataclass(frozen=True)
+class Demonstration:
+    """One scripted episode for the supervised warm-up, as chat messages; the trainer renders the tokens.
+
+    Attributes:
+        messages: The episode after the system prompt, in order: the task (``{"role": "user",
+            "content": text}``), then the assistant's replies and the env's observations. A reply is
+            ``{"role": "assistant", "content": text}`` or, when it calls tools, ``{"role":
+            "assistant", "tool_calls": [{"type": "function", "function": {"name": ..., "arguments":
+            {...}}}, ...]}`` (arguments a mapping, as chat templates take them); an observation has
+            the env's :attr:`Env.observation_role` and, as ``content``, the text ``step`` would
+            return for that reply.
+        system: The system prompt the episode is played under (the env's :attr:`Env.system_prompt`).
+        tools: The tool schemas advertised (the env's :attr:`Env.tools`).
+
+    Raises:
+        ValueError: The first message is not the user's task, or a message after it is neither an
+            assistant reply (with ``content`` or ``tool_calls``) nor an observation (a role other than
+            ``system``, with str ``content``).
+    """
+
+    messages: tuple[Mapping[str, Any], ...]
+    system: str | None = None
+    tools: tuple[Mapping[str, Any], ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.messages or self.messages[0].get("role") != "user" or not isinstance(
+                self.messages[0].get("content"), str):
+            raise ValueError("Demonstration: the first message must be the task, {'role': 'user', 'content': str}")
+        for m in self.messages[1:]:
+            if m.get("role") == "assistant":
+                if not (isinstance(m.get("content"), str) or m.get("tool_calls")):
+                    raise ValueError(f"Demonstration: an assistant message needs content or tool_calls: {m!r}")
+            elif m.get("role") in (None, "system") or not isinstance(m.get("content"), str):
+                raise ValueError(f"Demonstration: an observation needs the env's role and str content: {m!r}")
 
 
 class Env(abc.ABC, Generic[ObsT, ActT]):
@@ -211,22 +244,21 @@ class Env(abc.ABC, Generic[ObsT, ActT]):
         return None
 
     @classmethod
-    def scripted_demonstrations(
-        cls, renderer: Any, encode: Callable[[str], list[int]], *, count: int, seed: int
-    ) -> list[Demonstration]:
-        """Scripted episodes for the supervised warm-up (``warmup.steps > 0``), rendered as rollouts are.
+    def scripted_demonstrations(cls, *, count: int, seed: int) -> list[Demonstration]:
+        """Scripted episodes for the supervised warm-up (``warmup.steps > 0``), as chat messages.
 
         Override in envs whose tool or answer format a small model must first be shown; the default
-        has none (see :func:`has_scripted_demonstrations`).
+        has none (see :func:`has_scripted_demonstrations`). The trainer renders each one with the
+        policy's chat template, laid out as a rollout of the same replies would be, and writes each
+        tool call in the syntax of the template's tool-call family
+        (:func:`agentenv.trainer.demonstrations.render_demonstration`).
 
         Args:
-            renderer: The chat renderer of the policy (``agentenv.chat.ChatRenderer``).
-            encode: Tokenizer encoding of assistant text without special tokens.
             count: Demonstrations to write.
-            seed: Seeds what the demonstrations are about; the same seed gives the same ids.
+            seed: Seeds what the demonstrations are about; the same seed gives the same episodes.
 
         Returns:
-            ``count`` ``(ids, mask)`` pairs; mask is 1 on the assistant's tokens.
+            ``count`` demonstrations.
 
         Raises:
             NotImplementedError: The env has no scripted demonstrations.
@@ -256,6 +288,9 @@ class Env(abc.ABC, Generic[ObsT, ActT]):
 
 
 def has_scripted_demonstrations(entry: object) -> bool:
-    """Whether ``entry`` (an Env class, or a registry entry point) overrides :meth:`Env.scripted_demonstrations`."""
-    hook = getattr(entry, "scripted_demonstrations", None)
-    return hook is not None and getattr(hook, "__func__", None) is not Env.scripted_demonstrations.__func__
+    """Whether ``entry`` (a registry entry point) is an Env class that overrides :meth:`Env.scripted_demonstrations`.
+
+    An entry point that is a factory function has none: the hook is a classmethod of the Env class.
+    """
+    return (isinstance(entry, type) and issubclass(entry, Env)
+            and entry.scripted_demonstrations.__func__ is not Env.scripted_demonstrations.__func__)

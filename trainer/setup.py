@@ -23,6 +23,7 @@ from agentenv.registration import checked_arguments, make, spec
 from agentenv.rollout import is_token_budget_cut
 from agentenv.step_latency import StepLatency
 from agentenv.trainer.config import TrainConfig
+from agentenv.trainer.demonstrations import render_demonstration
 from agentenv.trainer.learner_contract import PolicyLearner
 from agentenv.trainer.sync_check import SyncCheck, sync_check
 from agentenv.trainer.warmup import WARMUP_EXAMPLES, WARMUP_SEED
@@ -131,9 +132,22 @@ def check_warmup(cfg: TrainConfig) -> None:
         ConfigError: The env's entry point does not override
             :meth:`agentenv.core.Env.scripted_demonstrations`.
     """
-    if cfg.warmup.steps > 0 and not has_scripted_demonstrations(spec(cfg.env.id).load()):
+    if cfg.warmup.steps > 0:
+        _demonstrating_env(cfg)
+
+
+def _demonstrating_env(cfg: TrainConfig) -> type[Env]:
+    """The Env class of ``cfg.env.id``, which writes scripted demonstrations.
+
+    Raises:
+        EnvNotFound / RegistrationError: ``env.id`` is not registered or cannot be imported.
+        ConfigError: The entry point is not an Env class overriding ``scripted_demonstrations``.
+    """
+    entry = spec(cfg.env.id).load()
+    if not has_scripted_demonstrations(entry):
         raise ConfigError(f"warmup.steps={cfg.warmup.steps} needs scripted demonstrations, which environment "
                           f"{cfg.env.id!r} does not provide (Env.scripted_demonstrations); set warmup.steps=0")
+    return entry
 
 
 # -- model ----------------------------------------------------------------------------------------
@@ -171,10 +185,10 @@ def warmup_cache_key(cfg: TrainConfig, renderer: ChatRenderer) -> str:
         cfg: The run's config.
         renderer: The policy's renderer, the one the demonstrations are rendered with.
     """
-    entry = spec(cfg.env.id).load()
-    tag = getattr(entry, "demonstrations_tag", None)
+    entry = _demonstrating_env(cfg)
+    tag = entry.demonstrations_tag
     if tag is None:
-        tag = f"{entry.__module__}.{getattr(entry, '__qualname__', type(entry).__qualname__)}"
+        tag = f"{entry.__module__}.{entry.__qualname__}"
     # the fixed count and seed are part of the key (in this order, the key of the configs that set them)
     settings = {**to_dict(cfg.warmup), "num_examples": WARMUP_EXAMPLES, "seed": WARMUP_SEED}
     parts: list[Any] = [cfg.model.name, settings, 3] + ([tag] if tag else [])
@@ -204,8 +218,8 @@ def warmed_up(cfg: TrainConfig, model: torch.nn.Module, tokenizer: Any, renderer
         logger.info("warm-up loaded from cache %s", folder)
         return model
     encode = lambda s: tokenizer.encode(s, add_special_tokens=False)  # noqa: E731 (scripted text, not sampled)
-    examples = spec(cfg.env.id).load().scripted_demonstrations(
-        renderer, encode, count=WARMUP_EXAMPLES, seed=WARMUP_SEED)
+    demos = _demonstrating_env(cfg).scripted_demonstrations(count=WARMUP_EXAMPLES, seed=WARMUP_SEED)
+    examples = [render_demonstration(renderer, encode, d) for d in demos]
     t0 = time.time()
     bar = tqdm(total=cfg.warmup.steps, desc="warm-up", unit="step")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from agentenv.core import Demonstration, Env, StepResult, TaskSet, text_space
@@ -160,27 +160,20 @@ class PythonToolEnv(Env[str, str]):
         return self._tasks
 
     @classmethod
-    def scripted_demonstrations(
-        cls, renderer: Any, encode: Callable[[str], list[int]], *, count: int, seed: int
-    ) -> list[Demonstration]:
+    def scripted_demonstrations(cls, *, count: int, seed: int) -> list[Demonstration]:
         """``count`` scripted one-call arithmetic episodes (:mod:`agentenv.envs.python_tool.demonstrations`).
 
-        The same ``seed`` gives the same problems; each transcript is laid out as a rollout of this
-        env (system prompt, tool schema, tool result as this env formats it, 4000 characters kept),
-        its call written in the syntax of the chat template's tool-call family (hermes, qwen25,
-        qwen3, llama3_json, deepseek, mistral).
-
-        Raises:
-            TemplateError: The template's family is one the demonstrations cannot write a call for
-                (harmony), naming it; or a scripted reply does not read back through the family's parser.
+        The same ``seed`` gives the same problems; each is an episode of this env (system prompt,
+        tool schema, the tool result as this env formats it with 4000 characters kept).
         """
-        from agentenv.envs.python_tool.demonstrations import build_transcript, scripted_problem
+        from agentenv.envs.python_tool.demonstrations import demonstration, scripted_problem
         from agentenv.sandboxes.base import ExecResult, ExecStatus
 
         rng = random.Random(seed)
         return [
-            build_transcript(renderer, encode, scripted_problem(rng), system=cls.system_prompt, tools=cls.tools,
-                             format_observation=lambda out: format_result(ExecResult(ExecStatus.OK, stdout=out), 4000))
+            demonstration(scripted_problem(rng), system=cls.system_prompt, tools=cls.tools,
+                          observation_role=cls.observation_role,
+                          format_observation=lambda out: format_result(ExecResult(ExecStatus.OK, stdout=out), 4000))
             for _ in range(count)
         ]
 

@@ -17,12 +17,13 @@ from agentenv.chat import ChatRenderer
 from agentenv.engines.base import GenerationOutput, SamplingParams, TokenSpan
 from agentenv.envs.python_tool import PythonToolEnv
 from agentenv.envs.python_tool.datasets import MathProblem
-from agentenv.envs.python_tool.demonstrations import DEMONSTRATION_FAMILIES, scripted_problem, tool_call_text
+from agentenv.envs.python_tool.demonstrations import scripted_problem
 from agentenv.envs.python_tool.grading import Grader
 from agentenv.errors import TemplateError
 from agentenv.rollout import RolloutConfig, run_episode
 from agentenv.sandboxes import ExecResult, ExecStatus
 from agentenv.tool_calls import TOOL_PARSERS, get_tool_parser
+from agentenv.trainer.demonstrations import DEMONSTRATION_FAMILIES, render_demonstration, tool_call_text
 from tests.chat_assets import chat_template, hf_tokenizer
 from tests.smollm_tokenizer import smollm_tokenizer
 
@@ -95,7 +96,8 @@ def grader():
 
 def _demonstration(renderer: ChatRenderer, tok, seed: int):
     encode = lambda s: tok.encode(s, add_special_tokens=False)  # noqa: E731
-    (ids, mask), = PythonToolEnv.scripted_demonstrations(renderer, encode, count=1, seed=seed)
+    demo, = PythonToolEnv.scripted_demonstrations(count=1, seed=seed)
+    ids, mask = render_demonstration(renderer, encode, demo)
     return ids, mask, scripted_problem(random.Random(seed))
 
 
@@ -148,6 +150,12 @@ def test_a_family_without_a_scripted_call_is_refused_naming_it() -> None:
 def test_every_scripted_call_reads_back_with_its_familys_parser() -> None:
     code = 'import math\nprint(math.ceil(7 / 2), "a\\"b")'
     for family in DEMONSTRATION_FAMILIES:  # mistral's too, whose template is not installed here
-        parsed = get_tool_parser(family).parse(tool_call_text(code, family))
+        parsed = get_tool_parser(family).parse(tool_call_text([("python", {"code": code})], family))
         assert not parsed.errors and [(c.name, dict(c.arguments)) for c in parsed.calls] == [("python", {"code": code})]
+        if family != "llama3_json":  # two calls in one reply, in order
+            two = [("python", {"code": code}), ("search", {"query": "ceil", "k": 2})]
+            parsed = get_tool_parser(family).parse(tool_call_text(two, family))
+            assert not parsed.errors and [(c.name, dict(c.arguments)) for c in parsed.calls] == two
+    with pytest.raises(TemplateError, match="one tool call per reply"):
+        tool_call_text([("a", {}), ("b", {})], "llama3_json")
     assert set(DEMONSTRATION_FAMILIES) | {"harmony"} == set(TOOL_PARSERS)  # every other family is refused by name

@@ -1,20 +1,26 @@
 """python_tool's scripted demonstrations (the warm-up's transcripts) and the warm-up's cache key.
 
-The demonstrations must render token for token as the cached warm-up of the CPU default was trained
-on, so that it stays valid: the reference below is the digest of those transcripts.
+The env writes chat messages; rendered by the trainer, they must be token for token the transcripts
+the cached warm-up of the CPU default was trained on, so that it stays valid: the reference below is
+the digest of those transcripts.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import random
+
+import pytest
 
 from agentenv.chat import ChatRenderer
 from agentenv.configio import to_dict
-from agentenv.core import Env, has_scripted_demonstrations
+from agentenv.core import Demonstration, Env, has_scripted_demonstrations
 from agentenv.envs.python_tool import PythonToolEnv
+from agentenv.envs.python_tool.demonstrations import scripted_problem
 from agentenv.models import chat_template
 from agentenv.trainer import setup
+from agentenv.trainer.demonstrations import render_demonstration
 from agentenv.trainer.recipe import parse_args
 from tests.smollm_tokenizer import smollm_tokenizer
 
@@ -29,6 +35,12 @@ REFERENCE_SHA256 = {
 }
 
 
+def _rendered(renderer, tok, *, count: int, seed: int) -> list[tuple[list[int], list[int]]]:
+    encode = lambda s: tok.encode(s, add_special_tokens=False)  # noqa: E731
+    return [render_demonstration(renderer, encode, d)
+            for d in PythonToolEnv.scripted_demonstrations(count=count, seed=seed)]
+
+
 def _digest(demos) -> str:
     return hashlib.sha256(json.dumps([[list(ids), list(mask)] for ids, mask in demos]).encode()).hexdigest()
 
@@ -37,15 +49,39 @@ def _digest(demos) -> str:
 def test_demonstrations_are_the_transcripts_the_warm_up_always_trained_on():
     tok = smollm_tokenizer()
     renderer = ChatRenderer(tok, chat_template())
-    encode = lambda s: tok.encode(s, add_special_tokens=False)  # noqa: E731
-    demos = PythonToolEnv.scripted_demonstrations(renderer, encode, count=320, seed=0)
+    demos = _rendered(renderer, tok, count=320, seed=0)
     assert len(demos) == 320 and _digest(demos) == REFERENCE_SHA256[(320, 0)]
     ids, mask = demos[0]
     assert len(ids) == len(mask) > 100 and 0 < sum(mask) < len(mask) and set(mask) == {0, 1}
     assert renderer.stop_token_ids[0] in ids
     assert tok.decode([i for i, m in zip(ids, mask, strict=True) if m]).count("<tool_call>") == 1
-    other = PythonToolEnv.scripted_demonstrations(renderer, encode, count=3, seed=1)
+    other = _rendered(renderer, tok, count=3, seed=1)
     assert _digest(other) == REFERENCE_SHA256[(3, 1)] and other != demos[:3]
+
+
+def test_the_env_writes_chat_messages_without_token_ids():
+    demo, = PythonToolEnv.scripted_demonstrations(count=1, seed=0)
+    assert demo.system == PythonToolEnv.system_prompt and demo.tools == tuple(PythonToolEnv.tools)
+    assert [m["role"] for m in demo.messages] == ["user", "assistant", "tool", "assistant"]
+    task, call, result, answer = demo.messages
+    solution = scripted_problem(random.Random(0))  # the same seed: the same problem
+    assert task["content"] == solution.problem
+    python_call = {"name": "python", "arguments": {"code": solution.code}}
+    assert call["tool_calls"] == [{"type": "function", "function": python_call}]
+    assert solution.answer in result["content"] and "content" not in call
+    assert answer["content"] == f"The code prints {solution.answer}, so the answer is $\\boxed{{{solution.answer}}}$."
+
+
+def test_a_demonstration_refuses_messages_it_cannot_render():
+    task = {"role": "user", "content": "Compute $1+1$."}
+    with pytest.raises(ValueError, match="first message must be the task"):
+        Demonstration(messages=({"role": "assistant", "content": "2"},))
+    with pytest.raises(ValueError, match="assistant message needs content or tool_calls"):
+        Demonstration(messages=(task, {"role": "assistant"}))
+    with pytest.raises(ValueError, match="observation needs"):
+        Demonstration(messages=(task, {"role": "tool", "content": 2}))
+    with pytest.raises(ValueError, match="observation needs"):
+        Demonstration(messages=(task, {"role": "system", "content": "late"}))
 
 
 def test_the_hook_is_declared_by_python_tool_only():
@@ -98,7 +134,6 @@ def test_the_warm_up_cache_key_names_a_tool_call_family_other_than_hermes():
                 {"tool_call_family": "mistral"}]
     assert keys["mistral"] == hashlib.sha256(json.dumps(expected).encode()).hexdigest()[:12]
     # the family is the only difference: the demonstrations of two families differ in their call text
-    encode = lambda s: smollm_tokenizer().encode(s, add_special_tokens=False)  # noqa: E731
-    (hermes_ids, _), = PythonToolEnv.scripted_demonstrations(_renderer(), encode, count=1, seed=0)
-    (mistral_ids, _), = PythonToolEnv.scripted_demonstrations(renderers["mistral"], encode, count=1, seed=0)
+    (hermes_ids, _), = _rendered(_renderer(), smollm_tokenizer(), count=1, seed=0)
+    (mistral_ids, _), = _rendered(renderers["mistral"], smollm_tokenizer(), count=1, seed=0)
     assert hermes_ids != mistral_ids
