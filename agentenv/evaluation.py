@@ -28,10 +28,14 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from agentenv.core import Env, TaskSet
 from agentenv.errors import ConfigError
+
+if TYPE_CHECKING:
+    from agentenv.engines.base import GenerationEngine
+    from agentenv.rollout import Renderer, RolloutConfig
 
 logger = logging.getLogger(__name__)
 
@@ -278,7 +282,7 @@ def policy_agent(make_policy: Callable[[EpisodeJob, Mapping[str, Any]], Policy])
     return agent
 
 
-def model_agent(engine: Any, renderer: Any, cfg: Any) -> Agent:
+def model_agent(engine: GenerationEngine, renderer: Renderer, cfg: RolloutConfig) -> Agent:
     """An agent that plays with a language model through ``agentenv.rollout.run_episode``.
 
     Args:

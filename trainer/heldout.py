@@ -15,12 +15,16 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentenv.core import Env, TaskSet
 from agentenv.evaluation import EpisodeJob, EpisodeResult, env_tasks, make_jobs, run_jobs
 from agentenv.rollout import run_episode
 from agentenv.trainer.config import TrainConfig
+
+if TYPE_CHECKING:
+    from agentenv.chat import ChatRenderer
+    from agentenv.engines.base import GenerationEngine
 
 
 @dataclass(frozen=True)
@@ -60,7 +64,7 @@ class HeldOutReport:
         return asdict(self)
 
 
-async def held_out_tasks(cfg: TrainConfig, renderer: Any = None) -> tuple[Callable[[], Env], TaskSet]:
+async def held_out_tasks(cfg: TrainConfig, renderer: ChatRenderer | None = None) -> tuple[Callable[[], Env], TaskSet]:
     """The held-out environment builder and its first ``cfg.eval.problems`` tasks.
 
     With ``renderer``, constructor arguments the trainer fills from the model (the template's
@@ -85,7 +89,7 @@ async def held_out_tasks(cfg: TrainConfig, renderer: Any = None) -> tuple[Callab
     return factory, tasks.first(cfg.eval.problems)
 
 
-async def evaluate_held_out(cfg: TrainConfig, engine: Any, renderer: Any, *, label: str,
+async def evaluate_held_out(cfg: TrainConfig, engine: GenerationEngine, renderer: ChatRenderer, *, label: str,
                             samples_per_task: int = 1) -> HeldOutReport:
     """Play every held-out task ``samples_per_task`` times with the engine's current weights.
 

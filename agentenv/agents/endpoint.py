@@ -31,12 +31,16 @@ import logging
 import socket
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentenv.agents import responses_api
 from agentenv.agents.session import AgentSession, OpenAIError
 from agentenv.engines.base import GenerationEngine
 from agentenv.rollout import RolloutConfig
+
+if TYPE_CHECKING:
+    from agentenv.chat import ChatRenderer
+    from agentenv.tool_calls import ToolCallParser
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +63,8 @@ class AgentEndpoint:
     ends, ``await endpoint.close()``.
     """
 
-    def __init__(self, engine: GenerationEngine, renderer: Any, *, models: Sequence[str] = (DEFAULT_MODEL,)) -> None:
+    def __init__(self, engine: GenerationEngine, renderer: ChatRenderer, *,
+                 models: Sequence[str] = (DEFAULT_MODEL,)) -> None:
         if not models:
             raise ValueError("AgentEndpoint needs at least one model name")
         self.engine, self.renderer, self.models = engine, renderer, tuple(models)
@@ -76,7 +81,7 @@ class AgentEndpoint:
         return f"http://127.0.0.1:{self.port}/v1"
 
     # -- sessions -------------------------------------------------------------------------------
-    def open_session(self, cfg: RolloutConfig, parser: Any,
+    def open_session(self, cfg: RolloutConfig, parser: ToolCallParser,
                      version_fn: Callable[[], int] | None = None) -> AgentSession:
         """A new session (one episode): its id is the API key the agent sends."""
         sid = f"sess-{uuid.uuid4().hex}"

@@ -40,7 +40,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentenv.agents.endpoint import DEFAULT_MODEL, AgentEndpoint
 from agentenv.agents.session import finish_samples
@@ -48,6 +48,11 @@ from agentenv.core import Env, StepResult, TaskSet
 from agentenv.errors import AgentEnvError, ConfigError
 from agentenv.rollout import RolloutConfig
 from agentenv.trajectory import Trajectory
+
+if TYPE_CHECKING:
+    from agentenv.chat import ChatRenderer
+    from agentenv.engines.base import GenerationEngine
+    from agentenv.tool_calls import ToolCallParser
 
 #: Characters of a failed script's stderr kept in ``info["error"]``.
 _STDERR_TAIL = 2000
@@ -194,7 +199,7 @@ class AgentEnv(Env[str, str]):
                             "calls it); step() is not used")
 
     # -- episodes -------------------------------------------------------------------------------
-    async def _endpoint(self, engine: Any, renderer: Any) -> AgentEndpoint:
+    async def _endpoint(self, engine: GenerationEngine, renderer: ChatRenderer) -> AgentEndpoint:
         if self.endpoint is not None and (self.endpoint.engine is not engine or self.endpoint.renderer is not renderer):
             await self.endpoint.close()
             self.endpoint = None
@@ -203,15 +208,15 @@ class AgentEnv(Env[str, str]):
             await self.endpoint.start()
         return self.endpoint
 
-    def _parser_for(self, renderer: Any) -> Any:
+    def _parser_for(self, renderer: ChatRenderer) -> ToolCallParser:
         if self._parser is None:
             from agentenv.tool_calls import get_tool_parser
 
             self._parser = get_tool_parser(renderer.tool_parser_name or "hermes")
         return self._parser
 
-    async def play_episode(self, engine: Any, renderer: Any, cfg: RolloutConfig, *, seed: int | None = None,
-                           options: Mapping[str, Any] | None = None,
+    async def play_episode(self, engine: GenerationEngine, renderer: ChatRenderer, cfg: RolloutConfig, *,
+                           seed: int | None = None, options: Mapping[str, Any] | None = None,
                            version_fn: Callable[[], int] | None = None) -> list[Trajectory]:
         """Run the agent on one task through the endpoint; return the episode's samples, scored.
 

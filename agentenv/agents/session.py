@@ -30,7 +30,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentenv.agents.openai_format import Choice, ServedReply, logprobs_content
 from agentenv.engines.base import GenerationEngine, GenerationOutput, SamplingParams
@@ -38,6 +38,10 @@ from agentenv.errors import EngineError, TemplateError
 from agentenv.rollout import TOKEN_BUDGET_ENDINGS, RolloutConfig, append_output, turn_ending
 from agentenv.tool_calls import ForcedCallParser
 from agentenv.trajectory import Trajectory
+
+if TYPE_CHECKING:
+    from agentenv.chat import ChatRenderer
+    from agentenv.tool_calls import ToolCallParser
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
@@ -317,8 +321,8 @@ class AgentSession:
         closed: The episode ended; every later request is refused (409).
     """
 
-    def __init__(self, session_id: str, engine: GenerationEngine, renderer: Any, cfg: RolloutConfig, parser: Any,
-                 version_fn: Callable[[], int]) -> None:
+    def __init__(self, session_id: str, engine: GenerationEngine, renderer: ChatRenderer, cfg: RolloutConfig,
+                 parser: ToolCallParser, version_fn: Callable[[], int]) -> None:
         self.id = session_id
         self.engine, self.renderer, self.cfg, self.parser = engine, renderer, cfg, parser
         self.version_fn = version_fn
