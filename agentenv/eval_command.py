@@ -158,10 +158,12 @@ def parse_args(argv: Sequence[str]) -> EvalArgs:
         SystemExit: ``--help`` (status 0, the help printed), or a flag or value that does not parse or is
             out of range (status 2, the message on stderr naming the flag and the value).
     """
-    import tyro
+    from agentenv.cli_args import parse
 
-    return tyro.cli(EvalArgs, args=list(argv), prog="agentenv eval", description=DESCRIPTION,
-                    config=(tyro.conf.UseAppendAction, tyro.conf.FlagCreatePairsOff))
+    args = parse(EvalArgs, argv, prog="agentenv eval", description=DESCRIPTION)
+    if isinstance(args, int):
+        raise SystemExit(args)
+    return args
 
 
 def parse_seeds(text: str) -> range:

@@ -19,13 +19,15 @@ which holds them in memory once.
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import struct
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+import tyro
 
 from agentenv.errors import AgentEnvError, CheckpointError, RunFolderError
 from agentenv.output_folders import EXPORT, RUN, claim_folder
@@ -178,21 +180,35 @@ def export(run: Path, out: Path, *, version: int | None = None, overwrite: bool 
     return out
 
 
+@dataclass(frozen=True)
+class ExportArgs:
+    """``agentenv export``'s options.
+
+    Attributes:
+        run: The run folder (train's --run-dir).
+        out: The model folder to write (new, empty or an earlier export).
+        version: Policy version to export (default: the latest checkpoint).
+        overwrite: Replace an earlier export in the --out folder.
+    """
+
+    run: Annotated[Path, tyro.conf.Positional, tyro.conf.arg(metavar="RUN")]
+    out: Path
+    version: int | None = None
+    overwrite: bool = False
+
+
 def main(argv: list[str] | None = None) -> int:
     """``agentenv export RUN [--version N] --out DIR``; exit status 0, or 2 with a one-line reason."""
-    ap = argparse.ArgumentParser(
-        prog="agentenv export",
-        description="Write a training run's checkpoint as a Hugging Face model folder (config, tokenizer, chat "
-                    "template, weights) that transformers and `agentenv eval --model DIR` load.",
-        epilog="Example: agentenv export runs/python_tool_cpu --out models/python_tool_v20")
-    ap.add_argument("run", help="the run folder (train's --run-dir)")
-    ap.add_argument("--version", type=int, default=None, help="policy version to export (default: the latest "
-                    "checkpoint)")
-    ap.add_argument("--out", required=True, help="the model folder to write (new, empty or an earlier export)")
-    ap.add_argument("--overwrite", action="store_true", help="replace an earlier export in --out")
-    args = ap.parse_args(argv)
+    from agentenv.cli_args import parse
+
+    args = parse(ExportArgs, sys.argv[1:] if argv is None else argv, prog="agentenv export",
+                 description="Write a training run's checkpoint as a Hugging Face model folder (config, tokenizer, "
+                             "chat template, weights) that transformers and `agentenv eval --model DIR` load. "
+                             "Example: agentenv export runs/python_tool_cpu --out models/python_tool_v20")
+    if isinstance(args, int):
+        return args
     try:
-        out = export(Path(args.run), Path(args.out), version=args.version, overwrite=args.overwrite)
+        out = export(args.run, args.out, version=args.version, overwrite=args.overwrite)
     except AgentEnvError as exc:
         print(f"agentenv export: {exc}", file=sys.stderr)
         return 2

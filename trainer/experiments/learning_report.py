@@ -32,7 +32,6 @@ mean change that resamples seeds, then tasks (:func:`agentenv.trainer.experiment
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import statistics
@@ -40,7 +39,9 @@ import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+import tyro
 
 from agentenv.errors import DataError
 from agentenv.trainer.experiments.significance import paired_bootstrap, seed_task_bootstrap
@@ -215,12 +216,27 @@ def markdown(reports: Sequence[RunReport], agg: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+@dataclass(frozen=True)
+class ReportArgs:
+    """The learning report's options.
+
+    Attributes:
+        runs: Finished training run folders.
+        out: Folder for report.json and curves.png (default: print the report only).
+    """
+
+    runs: Annotated[tuple[Path, ...], tyro.conf.Positional, tyro.conf.arg(metavar="RUN...")]
+    out: Path | None = None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line: print the Markdown report; ``--out DIR`` also writes report.json and curves.png."""
-    parser = argparse.ArgumentParser(prog="learning_report", description=__doc__.split("\n\n")[0])
-    parser.add_argument("runs", nargs="+", type=Path, help="finished training run folders")
-    parser.add_argument("--out", type=Path, default=None, help="folder for report.json and curves.png")
-    args = parser.parse_args(argv)
+    from agentenv.cli_args import parse
+
+    args = parse(ReportArgs, sys.argv[1:] if argv is None else argv, prog="learning_report",
+                 description=__doc__.split("\n\n")[0])
+    if isinstance(args, int):
+        return args
     try:
         reports = [read_run(r) for r in args.runs]
         agg = aggregate(reports)

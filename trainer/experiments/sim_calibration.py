@@ -437,16 +437,16 @@ def run_from_args(args: FromRunArgs) -> str:
 
 def main(argv: list[str]) -> int:
     """The ``--from-run`` form of ``agentenv simulate``; 0 on success, 2 on a bad argument or folder."""
-    import tyro
+    from agentenv.cli_args import parse
 
+    args = parse(FromRunArgs, argv, prog="agentenv simulate", conventions=False,
+                 description="Replay real training runs in the simulator, calibrated on two of them.")
+    if isinstance(args, int):
+        return args
     try:
-        args = tyro.cli(FromRunArgs, args=argv, prog="agentenv simulate",
-                        description="Replay real training runs in the simulator, calibrated on two of them.")
         table = run_from_args(args)
     except ConfigError as e:
         print(f"agentenv simulate: {e}", file=sys.stderr)
         return 2
-    except SystemExit as e:
-        return e.code if isinstance(e.code, int) else 2
     print(table)
     return 0

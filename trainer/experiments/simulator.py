@@ -669,7 +669,7 @@ def main(argv: list[str] | None = None) -> int:
     Returns:
         0 on success (and for ``--help``), 2 on a bad flag or configuration value (message on stderr).
     """
-    import tyro
+    from agentenv.cli_args import parse
 
     argv = sys.argv[1:] if argv is None else argv
     if "--from-run" in argv:  # replay real runs, calibrated on two of them
@@ -677,14 +677,14 @@ def main(argv: list[str] | None = None) -> int:
 
         return from_run_main(argv)
     try:
-        cfg = tyro.cli(SimConfig, args=argv, prog="agentenv simulate",
-                       description="Simulate the asynchronous RL pipeline. "
-                       "(--from-run RUN... replays real training runs instead: --from-run --help.)")
+        cfg = parse(SimConfig, argv, prog="agentenv simulate", conventions=False,
+                    description="Simulate the asynchronous RL pipeline. "
+                    "(--from-run RUN... replays real training runs instead: --from-run --help.)")
     except ConfigError as e:
         print(f"agentenv simulate: {e}", file=sys.stderr)
         return 2
-    except SystemExit as e:  # tyro reports parse errors (and --help) itself, then exits
-        return e.code if isinstance(e.code, int) else 2
+    if isinstance(cfg, int):
+        return cfg
     results = compare(cfg) if cfg.policy == "all" else [simulate(cfg)]
     print(format_table(results))
     return 0
