@@ -63,14 +63,14 @@ import collections
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
 from agentenv.core import Env
 from agentenv.engines.base import GenerationEngine, derive_seed
-from agentenv.errors import AgentEnvError, ConfigError, DataError
+from agentenv.errors import AgentEnvError, ConfigError
 from agentenv.faults import FAULTS
 from agentenv.rollout import Renderer, RolloutConfig, run_episode_samples
+from agentenv.task_stream import Group, TaskStream
 from agentenv.trajectory import Trajectory
 
 logger = logging.getLogger(__name__)
@@ -79,31 +79,6 @@ MAX_RETRIES = 2
 """Times a task whose episode failed outside the policy's control is replayed before it is dropped."""
 _IDLE_S = 0.05  # seconds a worker waits before asking admission again (or after a crash)
 _CLOSE_TIMEOUT_S = 30.0  # seconds allowed for closing a failed episode's environment
-
-
-@dataclass(frozen=True)
-class Task:
-    """One task to play: the reset seed that picks it (and counts its retries)."""
-
-    seed: int
-    attempt: int = 0
-
-
-class _Group:
-    """The ``n`` rollouts of one task being played: members done, members still to (re)play."""
-
-    def __init__(self, key: int, seed: int, size: int, play: int = 0) -> None:
-        self.key = key
-        self.seed = seed
-        self.play = play  # earlier groups of this seed (a requeued task is played again)
-        self.members: list[list[Trajectory] | None] = [None] * size  # each member's samples
-        self.todo: collections.deque[int] = collections.deque(range(size))
-        self.failures = [0] * size
-        self.dropped = False
-
-    @property
-    def complete(self) -> bool:
-        return all(m is not None for m in self.members)
 
 
 def failure_reason(traj: Trajectory) -> str | None:
@@ -230,16 +205,12 @@ class RolloutCollector:
         self._on_group = on_group
         self._concurrency = concurrency
         self._version_fn = version_fn
-        self._next_seed = first_seed
+        self._tasks = TaskStream(first_seed, group_size)
         self._admit = admit or (lambda: True)
         self._max_retries = max_retries
         self._group_size = group_size
         self.failure_limit = failure_limit if failure_limit is not None else max(16, 4 * concurrency)
         """Consecutive failures that stop the collector."""
-        self._requeued: collections.deque[Task] = collections.deque()
-        self._plays: collections.Counter[int] = collections.Counter()  # groups started per task seed
-        self._open: list[_Group] = []  # groups being played, oldest first
-        self._group_keys = 0
         self._deliver_lock = asyncio.Lock()
         self._workers: list[asyncio.Task | None] = []
         self._envs: list[Env] = []
@@ -291,13 +262,6 @@ class RolloutCollector:
         return self._group_size
 
     # -- tasks ----------------------------------------------------------------------------------
-    def _next_task(self) -> Task:
-        if self._requeued:
-            return self._requeued.popleft()
-        task = Task(self._next_seed)
-        self._next_seed += 1
-        return task
-
     def requeue(self, traj: Trajectory) -> None:
         """Put the task of ``traj`` (e.g. rejected as too stale) back in the queue, to be played anew.
 
@@ -307,36 +271,32 @@ class RolloutCollector:
         """
         seed = traj.info.get("seed")
         if seed is not None and traj.info.get("member", 0) == 0 and traj.info.get("sample", 0) == 0:
-            self._requeued.append(Task(int(seed)))
+            self._tasks.requeue(int(seed))
 
     @property
     def next_seed(self) -> int:
         """Seed of the next fresh task (saved in checkpoints)."""
-        return self._next_seed
+        return self._tasks.next_seed
 
     @next_seed.setter
     def next_seed(self, value: int) -> None:
-        self._next_seed = value
+        self._tasks.next_seed = value
 
     def state_dict(self) -> dict[str, Any]:
-        """Where the task stream stands, for a checkpoint (JSON-serialisable).
+        """Where the task stream stands, for a checkpoint (:meth:`agentenv.task_stream.TaskStream.state_dict`).
 
-        Keys: ``next_seed`` (the next fresh task), ``in_flight`` (seeds of the tasks being played,
-        oldest first: one per open group, its members done or not) and ``requeued`` (seeds waiting in
-        the requeue, in order). Taken between two steps of the event loop with a synchronous
-        ``on_group``/``on_trajectory`` (the pool's), every task handed out so far is then in exactly
-        one place: in flight, requeued, handed on, or dropped.
+        Taken between two steps of the event loop with a synchronous ``on_group``/``on_trajectory``
+        (the pool's), every task handed out so far is then in exactly one place: in flight,
+        requeued, handed on, or dropped.
         """
-        return {"next_seed": self._next_seed, "in_flight": [g.seed for g in self._open],
-                "requeued": [t.seed for t in self._requeued]}
+        return self._tasks.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> list[int]:
         """Continue the task stream of a :meth:`state_dict` (call before :meth:`start` or :meth:`collect`).
 
         The tasks that were in flight are requeued first, in their order, then the requeued ones; each
         is played anew from its start (partial episodes, and finished members of an open group, are
-        not kept). A state with only ``next_seed`` (checkpoints before in-flight tasks were recorded)
-        requeues nothing.
+        not kept).
 
         Returns:
             The seeds of the in-flight tasks requeued.
@@ -344,34 +304,7 @@ class RolloutCollector:
         Raises:
             DataError: A key is missing or a seed is not an integer; the collector is unchanged.
         """
-        try:
-            next_seed = int(state["next_seed"])
-            in_flight = [int(s) for s in state.get("in_flight", [])]
-            requeued = [int(s) for s in state.get("requeued", [])]
-        except (KeyError, TypeError, ValueError, AttributeError) as e:
-            raise DataError(f"bad collector state: {e!r}") from e
-        self._next_seed = next_seed
-        self._requeued = collections.deque(Task(s) for s in in_flight + requeued)
-        return in_flight
-
-    def _next_job(self, max_groups: int | None = None) -> tuple[_Group, int] | None:
-        """The next (group, member) to play: a pending member of an open group, else a new group.
-
-        ``max_groups`` limits the play to the oldest that many open groups (opening one only while
-        fewer are open); None means no limit.
-        """
-        groups = self._open if max_groups is None else self._open[:max_groups]
-        for group in groups:
-            if group.todo:
-                return group, group.todo.popleft()
-        if max_groups is not None and len(self._open) >= max_groups:
-            return None
-        task = self._next_task()
-        group = _Group(self._group_keys, task.seed, self._group_size, self._plays[task.seed])
-        self._plays[task.seed] += 1
-        self._group_keys += 1
-        self._open.append(group)
-        return group, group.todo.popleft()
+        return self._tasks.load_state_dict(state)
 
     # -- failures -------------------------------------------------------------------------------
     def _bump_streak(self, reason: str) -> None:
@@ -384,12 +317,11 @@ class RolloutCollector:
                                        f"the latest with: {reason}")
             logger.error("rollout collector stops: %s", self.fatal)
 
-    def _drop(self, group: _Group) -> None:
+    def _drop(self, group: Group) -> None:
         group.dropped = True
         self.tasks_dropped += 1
         self.episodes_discarded += sum(len(m) for m in group.members if m is not None)
-        if group in self._open:
-            self._open.remove(group)
+        self._tasks.close(group)
 
     async def _replace_env(self, slot: int) -> None:
         """Build a fresh environment for ``slot``, then close the old one (a close error is logged).
@@ -409,7 +341,7 @@ class RolloutCollector:
             logger.warning("closing a failed episode's environment raised %s: %s", type(exc).__name__, exc)
 
     # -- episodes -------------------------------------------------------------------------------
-    async def _episode(self, slot: int, group: _Group, m: int) -> list[Trajectory] | None:
+    async def _episode(self, slot: int, group: Group, m: int) -> list[Trajectory] | None:
         """Play member ``m`` of ``group`` on environment ``slot``.
 
         Returns the group's trajectories (every member's samples, in member order) when this episode
@@ -446,7 +378,7 @@ class RolloutCollector:
             group.members[m] = kept
             if not group.complete:
                 return None
-            self._open.remove(group)
+            self._tasks.close(group)
             return [t for member in group.members if member is not None for t in member]
         if samples[-1].info.get("requeue"):  # the engine died under it and was rebuilt: play it again, no attempt spent
             self.episodes_requeued += 1
@@ -508,7 +440,7 @@ class RolloutCollector:
             if not self._admit():
                 await asyncio.sleep(_IDLE_S)
                 continue
-            job = self._next_job()
+            job = self._tasks.next_job()
             assert job is not None
             done = await self._episode(slot, *job)
             if done is not None:
@@ -592,7 +524,7 @@ class RolloutCollector:
                 if self.fatal is not None:
                     raise self.fatal
                 while free:
-                    job = self._next_job(max_groups=-(-(n - have) // g))
+                    job = self._tasks.next_job(max_groups=-(-(n - have) // g))
                     if job is None:
                         break
                     slot = free.popleft()

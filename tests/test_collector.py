@@ -213,7 +213,7 @@ async def test_groups_play_one_task_n_times_and_arrive_whole():
     # requeue: only the first member puts the task back, once
     for t in groups[0]:
         c.requeue(t)
-    assert [t.seed for t in c._requeued] == [groups[0][0].info["seed"]]  # noqa: SLF001
+    assert c.state_dict()["requeued"] == [groups[0][0].info["seed"]]
     again = await c.collect(12)  # groups the stop cut short are finished first (at most 2 here), then the requeued
     assert groups[0][0].info["seed"] in {t.info["seed"] for t in again}
     assert all(len({t.info["seed"] for t in again[i : i + 4]}) == 1 for i in range(0, 12, 4))

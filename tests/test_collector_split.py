@@ -76,7 +76,7 @@ async def test_collector_hands_every_sample_on_as_its_own_group():
     # a rejected sample puts its task back once: only sample 0 requeues
     collector.requeue(out[1])
     collector.requeue(out[0])
-    assert [t.seed for t in collector._requeued] == [0]
+    assert collector.state_dict()["requeued"] == [0]
     await engine.close()
 
 
