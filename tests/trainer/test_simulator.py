@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 
 from agentenv.errors import ConfigError
+from agentenv.trainer.experiments.sim_result import format_table
 from agentenv.trainer.experiments.simulator import (
     SIM_POLICIES,
     EpisodeSample,
     SimConfig,
     _Sim,
     compare,
-    format_table,
     main,
     simulate,
 )

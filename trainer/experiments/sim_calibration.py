@@ -44,7 +44,8 @@ import numpy as np
 import yaml
 
 from agentenv.errors import ConfigError
-from agentenv.trainer.experiments.simulator import EpisodeSample, SimConfig, SimResult, simulate
+from agentenv.trainer.experiments.sim_result import SimResult
+from agentenv.trainer.experiments.simulator import EpisodeSample, SimConfig, simulate
 
 DECODE_SHAPE_S: tuple[float, float] = (0.108, 0.0068)
 """Default decode step-time shape ``(a, b)``, seconds: a step decoding ``n`` sequences takes ``a + b n``."""

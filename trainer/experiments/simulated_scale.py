@@ -31,7 +31,8 @@ from pathlib import Path
 import numpy as np
 
 from agentenv.errors import ConfigError
-from agentenv.trainer.experiments.simulator import SIM_POLICIES, SimConfig, SimResult, simulate
+from agentenv.trainer.experiments.sim_result import SimResult
+from agentenv.trainer.experiments.simulator import SIM_POLICIES, SimConfig, simulate
 
 
 @dataclass(frozen=True)
