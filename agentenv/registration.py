@@ -142,8 +142,9 @@ def load_plugins(*, force: bool = False) -> list[str]:
 def spec(id: str) -> EnvSpec:
     """Return the :class:`EnvSpec` registered under ``id``.
 
-    An id of an installed peer's environment (``gym/ID``, ``reasoning_gym/FAMILY``, ``gem/ID``, ...:
-    :mod:`agentenv.adapters`) is registered the first time it is asked for.
+    An id the registry does not hold is offered to the resolvers plugins added (:func:`add_resolver`):
+    agentenv's own entry point adds the peers' (``gym/ID``, ``reasoning_gym/FAMILY``, ``gem/ID``, ...:
+    :mod:`agentenv.adapters`), which register it the first time it is asked for.
 
     Raises:
         EnvNotFound: ``id`` is not registered; the message lists the registered ids.
@@ -151,14 +152,38 @@ def spec(id: str) -> EnvSpec:
     load_plugins()
     if id in registry:
         return registry[id]
-    from agentenv.adapters import resolve  # a peer's id (gym/..., gem/..., textarena/...): registered on first use
+    for resolver in _resolvers.values():
+        found = resolver.resolve(id)
+        if found is not None:
+            return found
+    known = ", ".join(sorted(registry)) or "none"
+    patterns = "".join(f"; {r.patterns}" for r in _resolvers.values())
+    raise EnvNotFound(f"no environment {id!r} is registered (registered: {known}{patterns})")
 
-    found = resolve(id)
-    if found is None:
-        known = ", ".join(sorted(registry)) or "none"
-        raise EnvNotFound(f"no environment {id!r} is registered (registered: {known}; peers' ids: "
-                          "gym/ID, reasoning_gym/FAMILY, reasoning_gym_tool/FAMILY, gem/ID, textarena/ID)")
-    return found
+
+@dataclass(frozen=True)
+class Resolver:
+    """Registers ids of a family on first use (a peer's ``gym/ID``: :mod:`agentenv.adapters`).
+
+    Attributes:
+        resolve: ``resolve(id)`` registers ``id`` and returns its spec, or returns None when ``id``
+            is not one of the family's.
+        patterns: The family's ids, for the message of an unknown id (``"peers' ids: gym/ID, ..."``).
+    """
+
+    resolve: Callable[[str], EnvSpec | None]
+    patterns: str
+
+
+_resolvers: dict[str, Resolver] = {}
+
+
+def add_resolver(name: str, resolver: Resolver) -> None:
+    """Ask ``resolver`` for every id the registry does not hold (after those added before it).
+
+    Called by a plugin's ``agentenv.envs`` entry point; adding the same ``name`` again replaces it.
+    """
+    _resolvers[name] = resolver
 
 
 def make(id: str, *, remote: str | Sequence[str] | None = None, **kwargs: Any) -> Env:

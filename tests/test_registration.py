@@ -68,6 +68,37 @@ def test_unknown_id_lists_known() -> None:
     assert isinstance(exc.value, KeyError) and "nope/Nothing-v0" in str(exc.value)
 
 
+def test_an_id_the_registry_lacks_goes_to_the_resolvers_in_order(monkeypatch, clean_ids) -> None:
+    clean_ids.append("mine/Seven-v0")
+    asked: list[str] = []
+
+    def resolve(env_id: str) -> registration.EnvSpec | None:
+        asked.append(env_id)
+        if env_id != "mine/Seven-v0":
+            return None
+        return agentenv.register(env_id, RepeatNumberEnv)
+
+    monkeypatch.setattr(registration, "_resolvers", dict(registration._resolvers))  # noqa: SLF001 (restored after)
+    registration.add_resolver("mine", registration.Resolver(resolve, "mine's ids: mine/NAME"))
+    assert agentenv.spec("mine/Seven-v0").entry_point is RepeatNumberEnv and asked == ["mine/Seven-v0"]
+    assert agentenv.spec("mine/Seven-v0") and asked == ["mine/Seven-v0"]  # registered now: not asked again
+    with pytest.raises(EnvNotFound, match=r"peers' ids: gym/ID.*; mine's ids: mine/NAME"):
+        agentenv.spec("other/Nothing-v0")  # every resolver is asked, each one's ids named
+    assert asked[-1] == "other/Nothing-v0"
+
+
+def test_the_registry_imports_no_adapter():
+    # the peers' ids reach the registry through the plugin entry point, so there is no import circle
+    import ast
+    import inspect
+
+    tree = ast.parse(inspect.getsource(registration))
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert "agentenv.core" in imported  # the walk sees the module's imports
+    assert not [m for m in imported if m and m.startswith("agentenv.adapters")]
+
+
 def test_bad_entry_points(clean_ids) -> None:
     clean_ids += ["tests/NoColon-v0", "tests/Missing-v0", "tests/NotEnv-v0"]
     agentenv.register("tests/NoColon-v0", "tests.tiny_env.RepeatNumberEnv")
@@ -97,13 +128,15 @@ def test_broken_plugin_is_logged_and_others_load(monkeypatch, caplog, clean_ids)
     def broken() -> None:
         raise ImportError("missing dependency")
 
-    eps = [EP("broken", broken), EP("good", good)]
+    installed = list(importlib.metadata.entry_points(group="agentenv.envs"))  # agentenv's own "peers" among them
+    assert "peers" in [ep.name for ep in installed]
+    eps = [*installed, EP("broken", broken), EP("good", good)]
     monkeypatch.setattr(
         importlib.metadata, "entry_points", lambda group: eps if group == "agentenv.envs" else []
     )
     with caplog.at_level(logging.WARNING, logger="agentenv.registration"):
         loaded = registration.load_plugins(force=True)
-    assert loaded == ["good"]
+    assert loaded == [ep.name for ep in installed] + ["good"]
     assert "broken" in caplog.text and "missing dependency" in caplog.text
     assert isinstance(agentenv.make("tests/FromPlugin-v0"), RepeatNumberEnv)
     assert registration.load_plugins() == []  # once only, unless forced

@@ -20,8 +20,9 @@ textarena come with the ``[gem]`` and ``[textarena]`` extras.
 
 .. [1] GEM's ids outside ``game:`` (math, QA: one graded answer) are ``end``.
 
-Ids are resolved when first asked for (:func:`resolve`, called by :func:`agentenv.make` for an id
-the registry does not hold), so importing agentenv imports no peer. ``agentenv envs`` lists every
+Ids are resolved when first asked for (:func:`resolve`, which :func:`agentenv.make` asks for an id
+the registry does not hold: agentenv's own ``agentenv.envs`` entry point, :func:`add_peers`, adds
+it), so importing agentenv imports no peer. ``agentenv envs`` lists every
 id of every installed peer (:func:`installed_specs`) from a listing saved per installed version of
 the peer (:mod:`agentenv.adapters.listing`): the first listing after a peer is installed or upgraded
 imports it, later ones do not. Gymnasium's ids, which say nothing of their spaces until built, are
@@ -39,7 +40,7 @@ from typing import Any
 
 from agentenv.adapters import listing
 from agentenv.adapters.needs import unavailable_reason
-from agentenv.registration import EnvSpec, register, registry
+from agentenv.registration import EnvSpec, Resolver, add_resolver, register, registry
 
 
 @dataclass(frozen=True)
@@ -127,6 +128,12 @@ def resolve(env_id: str) -> EnvSpec | None:
     if found is None:
         return None
     return register(env_id, found.entry_point, description=found.description, **found.kwargs)
+
+
+def add_peers() -> None:
+    """Agentenv's ``agentenv.envs`` entry point: the peers' ids resolve on first use (:func:`resolve`)."""
+    add_resolver("peers", Resolver(resolve, "peers' ids: gym/ID, reasoning_gym/FAMILY, reasoning_gym_tool/FAMILY, "
+                                            "gem/ID, textarena/ID"))
 
 
 def listed_ids(adapter: Adapter) -> list[str]:
