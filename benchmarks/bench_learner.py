@@ -35,8 +35,8 @@ import torch
 import torch.nn.functional as F
 
 from agentenv.trainer.batching import build_batch, split_micro_batches
-from agentenv.trainer.learner import Learner
-from agentenv.trainer.learner_config import LearnerConfig, ObjectiveConfig, OptimConfig
+from agentenv.trainer.learners.config import LearnerConfig, ObjectiveConfig, OptimConfig
+from agentenv.trainer.learners.single import Learner
 from agentenv.trajectory import Trajectory
 
 

@@ -98,9 +98,9 @@ def run_one(spec: dict) -> dict:
     import torch
 
     from agentenv.malloc import release_free_heap, return_freed_memory_to_os
-    from agentenv.trainer import forward as forward_module
-    from agentenv.trainer.learner import Learner
-    from agentenv.trainer.learner_config import LearnerConfig, ObjectiveConfig, OptimConfig
+    from agentenv.trainer.learners import forward as forward_module
+    from agentenv.trainer.learners.config import LearnerConfig, ObjectiveConfig, OptimConfig
+    from agentenv.trainer.learners.single import Learner
 
     return_freed_memory_to_os(256 << 10, 1)  # freed blocks leave at once: resident memory tracks live tensors
     torch.set_num_threads(2)

@@ -2,7 +2,7 @@
 
 A randomly initialised Qwen2.5-7B (28 layers, width 3584, 28 query and 4 key/value heads, MLP 18944,
 V = 152064, untied head; 7.6 B parameters), bfloat16, activation checkpointing on, ``torch.optim.AdamW``,
-trained by :class:`agentenv.trainer.learner.Learner` on two rows of T tokens (all but 16 of them
+trained by :class:`agentenv.trainer.learners.single.Learner` on two rows of T tokens (all but 16 of them
 policy tokens; one rewarded, so the batch carries gradient), each in its own micro-batch. One update
 creates AdamW's state; the next is measured: ``step GB`` is the peak of ``torch.cuda.max_memory_allocated``
 during it above what was allocated before it (weights, gradients, AdamW state); ``vocab saved GB`` the
@@ -12,7 +12,7 @@ recomputed chunk by chunk).
 Settings, each in its own process:
 
 * ``chunked``: the learner as it runs: log-probabilities ``learner.logprob_chunk_tokens`` (1024) tokens at a
-  time, logits recomputed in the backward pass (:mod:`agentenv.trainer.logprob_chunks`);
+  time, logits recomputed in the backward pass (:mod:`agentenv.trainer.learners.logprob_chunks`);
 * ``full``: the model's own forward (the chunked path switched off): a T x V logits tensor and its
   float32 log-softmax live through the backward pass.
 
@@ -54,9 +54,9 @@ def run_one(setting: str, shape: dict, tokens: int, device: str) -> dict:
     import torch
     import transformers
 
-    from agentenv.trainer import forward as forward_module
-    from agentenv.trainer.learner import Learner
-    from agentenv.trainer.learner_config import LearnerConfig, ObjectiveConfig, OptimConfig
+    from agentenv.trainer.learners import forward as forward_module
+    from agentenv.trainer.learners.config import LearnerConfig, ObjectiveConfig, OptimConfig
+    from agentenv.trainer.learners.single import Learner
 
     cuda = device == "cuda"
     cfg = transformers.Qwen2Config(

@@ -30,8 +30,8 @@ def default_learner(budget: int | None):
 
     from agentenv.malloc import return_freed_memory_to_os
     from agentenv.models import load_model_and_tokenizer
-    from agentenv.trainer.learner import Learner
-    from agentenv.trainer.learner_config import LearnerConfig, ObjectiveConfig, OptimConfig
+    from agentenv.trainer.learners.config import LearnerConfig, ObjectiveConfig, OptimConfig
+    from agentenv.trainer.learners.single import Learner
 
     return_freed_memory_to_os()  # as agentenv train does
     torch.set_num_threads(2)

@@ -2,7 +2,7 @@
 
 Rows that start with the same tokens (every python_tool episode starts with the same ~300-token
 system prompt and tool schemas) need that prefix computed once per micro-batch, not once per row
-(:func:`agentenv.trainer.forward.token_logprobs`). This benchmark times
+(:func:`agentenv.trainer.learners.forward.token_logprobs`). This benchmark times
 one forward + backward of the summed policy-token log-probability through the shipped
 ``token_logprobs`` for:
 
@@ -31,7 +31,7 @@ import time
 import torch
 
 from agentenv.trainer.batching import build_batch, split_micro_batches
-from agentenv.trainer.forward import enable_gradient_checkpointing, shared_prefix_length, token_logprobs
+from agentenv.trainer.learners.forward import enable_gradient_checkpointing, shared_prefix_length, token_logprobs
 from agentenv.trajectory import Trajectory
 
 

@@ -49,7 +49,7 @@ def bootstrap_agentenv() -> str:
     (``agentenv.trainer`` -> ``trainer/``, as pyproject's package-dir maps it) is enough.
     """
     try:
-        import agentenv.trainer.learner  # noqa: F401
+        import agentenv.trainer.learners.single  # noqa: F401
 
         return "installed"
     except ImportError:
@@ -189,9 +189,9 @@ def on_policy(trajs, scores):
 def bench_learner(args, model, device, clock, results) -> None:
     from agentenv.trainer.advantages import batch_mean_advantages
     from agentenv.trainer.batching import build_batch, split_micro_batches
-    from agentenv.trainer.forward import token_logprobs
-    from agentenv.trainer.learner import Learner
-    from agentenv.trainer.learner_config import LearnerConfig, ObjectiveConfig, OptimConfig
+    from agentenv.trainer.learners.config import LearnerConfig, ObjectiveConfig, OptimConfig
+    from agentenv.trainer.learners.forward import token_logprobs
+    from agentenv.trainer.learners.single import Learner
     from agentenv.trainer.objectives import flash_reinforce_loss
 
     vocab = model.config.vocab_size
@@ -318,9 +318,9 @@ def bench_deepspeed(args, cfg: dict, device: torch.device, dtype: torch.dtype, c
     try:
         import deepspeed  # noqa: F401
 
-        from agentenv.trainer.deepspeed_strategy import OpenRLHFBackendConfig
-        from agentenv.trainer.learner_config import LearnerConfig, ObjectiveConfig, OptimConfig
-        from agentenv.trainer.openrlhf_backend import OpenRLHFLearner
+        from agentenv.trainer.learners.config import LearnerConfig, ObjectiveConfig, OptimConfig
+        from agentenv.trainer.learners.deepspeed_strategy import OpenRLHFBackendConfig
+        from agentenv.trainer.learners.openrlhf import OpenRLHFLearner
     except Exception as e:  # noqa: BLE001
         results["deepspeed_update"] = {"skipped": f"deepspeed/openrlhf not importable: {e}"}
         return

@@ -31,7 +31,7 @@ def test_the_env_api_and_make_load_no_model_side_package():
 
 def test_the_probe_sees_a_heavy_import():
     # the check can fail: a module that imports torch shows up in the list
-    probe = PROBE.replace("import agentenv\n", "import agentenv\nimport agentenv.trainer.learner\n")
+    probe = PROBE.replace("import agentenv\n", "import agentenv\nimport agentenv.trainer.learners.single\n")
     out = subprocess.run([sys.executable, "-c", probe.format(heavy=HEAVY)], capture_output=True, text=True,
                          timeout=120, check=True)
     assert "torch" in json.loads(out.stdout.strip().splitlines()[-1])

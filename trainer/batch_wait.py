@@ -12,7 +12,7 @@ from agentenv.engines.busy import BusyClock
 from agentenv.errors import AgentEnvError
 from agentenv.pool import BatchSelection, TrajectoryPool
 from agentenv.trainer.config import TrainConfig
-from agentenv.trainer.learner_contract import PolicyLearner
+from agentenv.trainer.learners.contract import PolicyLearner
 from agentenv.trajectory import Trajectory
 
 __all__ = ["OffLoopScores", "failure_limit", "next_batch"]

@@ -42,7 +42,7 @@ class PolicyBatch:
         advantages: ``(b,)`` float32, filled by the learner over the *global* batch (zeros until then).
         gate_d: ``(b,)`` float32, FlashREINFORCE's gate statistic D_i (nats) when the gate was decided
             from a scoring pass before the training forward (zeros until then; see
-            :func:`agentenv.trainer.update_step.prepare_batch`).
+            :func:`agentenv.trainer.learners.update_step.prepare_batch`).
         gate_mask: ``(b, t)`` bool, the gate's token decision ``m_it`` when it was decided from a
             scoring pass (``objective.gate``: sequence, the admitted rows' policy tokens; token, each
             token's own; none, ``loss_mask``); a copy of ``loss_mask`` until then.
@@ -225,7 +225,7 @@ def micro_batch_rows(
         batch: The batch (its ``attention_mask`` gives each row's length in tokens).
         max_rows: Most rows per micro-batch (>= 1).
         max_tokens: Most padded tokens per micro-batch pass (>= 1), or None for rows only.
-        prefix: Leading tokens served from a shared KV cache (:mod:`agentenv.trainer.shared_prefix`),
+        prefix: Leading tokens served from a shared KV cache (:mod:`agentenv.trainer.learners.shared_prefix`),
             not run by the micro-batches and so not counted.
 
     Returns:

@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from agentenv.errors import CheckpointError
-from agentenv.trainer.learner_contract import PolicyLearner
+from agentenv.trainer.learners.contract import PolicyLearner
 from agentenv.trainer.pause import pause_point
 
 __all__ = [
@@ -347,8 +347,8 @@ class CheckpointManager:
     """Checkpoints of a learner under one root folder.
 
     The learner writes and restores itself: ``learner.save(root, pool_state=, extra=, keep=)`` and
-    ``learner.restore(root)`` (:class:`agentenv.trainer.learner.Learner`, and the OpenRLHF/DeepSpeed
-    learners of :mod:`agentenv.trainer.openrlhf_backend`, which add DeepSpeed's own state files).
+    ``learner.restore(root)`` (:class:`agentenv.trainer.learners.single.Learner`, and the OpenRLHF/DeepSpeed
+    learners of :mod:`agentenv.trainer.learners.openrlhf`, which add DeepSpeed's own state files).
 
     Args:
         root: Checkpoint root (e.g. ``run_dir / "checkpoints"``).

@@ -19,7 +19,7 @@ from agentenv.evaluation import EvalConfig
 from agentenv.rollout import RolloutConfig
 from agentenv.staleness import StalenessConfig
 from agentenv.step_latency import StepLatencyConfig
-from agentenv.trainer.learner_config import LearnerConfig, ObjectiveConfig, OptimConfig
+from agentenv.trainer.learners.config import LearnerConfig, ObjectiveConfig, OptimConfig
 from agentenv.trainer.lr_schedule import decay_length, warmup_length
 from agentenv.trainer.warmup import WarmupConfig
 

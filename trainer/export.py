@@ -13,7 +13,8 @@ optimizer, but not the model's config, tokenizer or chat template: those are the
 so that ``transformers.AutoModelForCausalLM.from_pretrained(OUT)`` and ``agentenv eval --model OUT`` load it
 (the layout vLLM reads too). The weights file is streamed (its header rewritten with the ``format: pt`` metadata
 transformers asks for), so a 7B export needs no more memory than a small one. A LoRA run's weights
-(``learner.lora_rank > 0``) are merged into the base weights first (:func:`agentenv.trainer.lora.merged_state_dict`),
+(``learner.lora_rank > 0``) are merged into the base weights first
+(:func:`agentenv.trainer.learners.lora.merged_state_dict`),
 which holds them in memory once.
 """
 
@@ -148,7 +149,7 @@ def export(run: Path, out: Path, *, version: int | None = None, overwrite: bool 
     if lora_rank:  # a LoRA run: the adapters merged into the base weights, under the base model's names
         from safetensors.torch import load_file
 
-        from agentenv.trainer.lora import merged_state_dict
+        from agentenv.trainer.learners.lora import merged_state_dict
 
         merged = merged_state_dict(load_file(str(weights)), rank=lora_rank, alpha=float(learner["lora_alpha"]))
     _check_keys(weights, set(merged) if merged is not None else _tensor_names(weights), config)

@@ -29,7 +29,7 @@ from agentenv.faults import FAULTS
 from agentenv.forced_lag import LaggedWeights, Snapshot
 from agentenv.pool import BatchSelection
 from agentenv.trainer.config import TrainConfig
-from agentenv.trainer.learner_contract import PolicyLearner
+from agentenv.trainer.learners.contract import PolicyLearner
 from agentenv.trainer.overlap import LoopBusy
 from agentenv.trajectory import Trajectory
 

@@ -1,7 +1,7 @@
 """Policy-gradient objectives: FlashREINFORCE (the method) and GRPO (the comparison baseline).
 
-This is the ONE implementation of both losses; the single-process learner (``trainer/learner.py``)
-and the OpenRLHF/DeepSpeed backend (``trainer/openrlhf_backend.py``) both call it. The advantages
+This is the ONE implementation of both losses; the single-process learner (``trainer/learners/single.py``)
+and the OpenRLHF/DeepSpeed backend (``trainer/learners/openrlhf.py``) both call it. The advantages
 they take come from :mod:`agentenv.trainer.advantages`, FlashREINFORCE's gate from
 :mod:`agentenv.trainer.trust_gate`.
 

@@ -54,7 +54,7 @@ from agentenv.trainer.checkpoint import (
     list_checkpoints,
     read_meta,
 )
-from agentenv.trainer.learner_contract import PolicyLearner
+from agentenv.trainer.learners.contract import PolicyLearner
 
 logger = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from agentenv.rollout import is_token_budget_cut
 from agentenv.step_latency import StepLatency
 from agentenv.trainer.config import TrainConfig
 from agentenv.trainer.demonstrations import render_demonstration
-from agentenv.trainer.learner_contract import PolicyLearner
+from agentenv.trainer.learners.contract import PolicyLearner
 from agentenv.trainer.sync_check import SyncCheck, sync_check
 from agentenv.trainer.warmup import WARMUP_EXAMPLES, WARMUP_SEED
 from agentenv.trajectory import Trajectory
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from agentenv.collector import RolloutCollector
     from agentenv.engines.base import GenerationEngine
     from agentenv.pool import BatchSelection, TrajectoryPool
-    from agentenv.trainer.update_step import UpdateStats
+    from agentenv.trainer.learners.update_step import UpdateStats
 
 logger = logging.getLogger(__name__)
 
@@ -239,8 +239,11 @@ def warmed_up(cfg: TrainConfig, model: torch.nn.Module, tokenizer: Any, renderer
 
 
 def build_learner(cfg: TrainConfig, model: torch.nn.Module) -> PolicyLearner:
-    """The learner of ``cfg.learner.backend`` on ``model`` (:func:`agentenv.trainer.learner_backends.build_learner`)."""
-    from agentenv.trainer.learner_backends import build_learner as build
+    """The learner of ``cfg.learner.backend`` on ``model``.
+
+    See :func:`agentenv.trainer.learners.backends.build_learner`.
+    """
+    from agentenv.trainer.learners.backends import build_learner as build
 
     return build(cfg, model, warmed_up=cfg.warmup.steps > 0)
 

@@ -28,7 +28,7 @@ from agentenv.engines.base import GenerationEngine, SamplingParams
 from agentenv.errors import AgentEnvError, EngineError
 from agentenv.rollout import append_output
 from agentenv.trainer.config import TrainConfig
-from agentenv.trainer.learner_contract import PolicyLearner
+from agentenv.trainer.learners.contract import PolicyLearner
 from agentenv.trajectory import Trajectory
 
 __all__ = ["PROBE_ROWS", "PROBE_TOKENS", "SamplingMismatch", "SyncCheck", "gap_bound", "sync_check"]

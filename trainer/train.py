@@ -50,7 +50,8 @@ from agentenv.trainer.checkpoint import CheckpointManager
 from agentenv.trainer.config import TrainConfig
 from agentenv.trainer.heldout import evaluate_held_out, held_out_tasks
 from agentenv.trainer.instruments import Instruments
-from agentenv.trainer.learner_contract import PolicyLearner
+from agentenv.trainer.learners.contract import PolicyLearner
+from agentenv.trainer.learners.update_step import UpdateStats
 from agentenv.trainer.metrics import MetricsWriter
 from agentenv.trainer.overlap import overlap, timed_env_factory
 from agentenv.trainer.pause import pause_point
@@ -59,7 +60,6 @@ from agentenv.trainer.resume import Resumed, ensure_run_id, run_identity, run_st
 from agentenv.trainer.resume import resume as resume_run
 from agentenv.trainer.setup import LoopParts
 from agentenv.trainer.sync_check import SyncCheck
-from agentenv.trainer.update_step import UpdateStats
 from agentenv.trajectory import Trajectory
 
 __all__ = ["held_out", "serve_policy", "train"]
@@ -304,7 +304,7 @@ def serve_policy(cfg: TrainConfig, parts: LoopParts, learner: PolicyLearner, mod
     new version is copied into it.
     """
     from agentenv.engines.transformers_engine import TransformersEngine
-    from agentenv.trainer.learner import Learner
+    from agentenv.trainer.learners.single import Learner
 
     engine = parts.build_engine(cfg, copy.deepcopy(model), tokenizer)
     if not (isinstance(engine, TransformersEngine) and isinstance(learner, Learner) and learner.model is model

@@ -19,7 +19,7 @@ import torch
 
 from agentenv.errors import ConfigError, Interrupted
 from agentenv.trainer.batching import build_batch
-from agentenv.trainer.forward import token_logprobs
+from agentenv.trainer.learners.forward import token_logprobs
 from agentenv.trajectory import Trajectory
 
 WARMUP_SEED = 0

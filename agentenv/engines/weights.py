@@ -4,7 +4,7 @@ A weight update must be all-or-nothing: every check (file readable, names known,
 model covered, shapes equal, values finite) runs before the first parameter is overwritten, so a bad
 update leaves the old version serving (:class:`~agentenv.errors.WeightUpdateError`).
 
-A model with LoRA adapters (:mod:`agentenv.trainer.lora`) also takes an adapter-only update: a state dict
+A model with LoRA adapters (:mod:`agentenv.trainer.learners.lora`) also takes an adapter-only update: a state dict
 whose every name is an adapter tensor's (:func:`is_adapter_name`) and which covers every adapter tensor of
 the model; its frozen base weights stay as they are.
 """

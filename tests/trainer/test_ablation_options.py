@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from agentenv.errors import ConfigError, DataError
-from agentenv.trainer.learner_config import ObjectiveConfig, OptimConfig
+from agentenv.trainer.learners.config import ObjectiveConfig, OptimConfig
+from agentenv.trainer.learners.update_step import prepare_batch
 from agentenv.trainer.objectives import flash_reinforce_loss
-from agentenv.trainer.update_step import prepare_batch
 from tests.trainer.conftest import make_trajectories
 
 
@@ -51,7 +51,7 @@ def test_token_mean_weighs_every_token_one_over_n():
 
 
 def test_the_learner_trains_with_token_mean():
-    from agentenv.trainer.learner import Learner
+    from agentenv.trainer.learners.single import Learner
     from tests.trainer.conftest import tiny_model
 
     trajs = make_trajectories(4, rewards=[1.0, 0.0, 0.0, 1.0])
@@ -81,7 +81,7 @@ def test_constant_normaliser_divides_every_row_by_k():
 
 
 def test_the_learner_takes_a_loss_constant_only_for_the_constant_aggregation():
-    from agentenv.trainer.update_step import check_objective_constant
+    from agentenv.trainer.learners.update_step import check_objective_constant
 
     constant = ObjectiveConfig(loss_aggregation="constant")
     assert check_objective_constant(constant, 384) == 384
@@ -98,7 +98,7 @@ def test_the_learner_takes_a_loss_constant_only_for_the_constant_aggregation():
 
 def test_the_loss_constant_is_the_rollouts_policy_token_budget():
     from agentenv.configio import load_config
-    from agentenv.trainer.learner_backends import loss_constant
+    from agentenv.trainer.learners.backends import loss_constant
     from agentenv.trainer.recipe import parse_args
 
     cfg, _ = parse_args(["objective.loss_aggregation=constant", "rollout.max_turns=3",

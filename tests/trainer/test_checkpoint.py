@@ -12,8 +12,8 @@ import torch
 
 from agentenv.errors import CheckpointError
 from agentenv.trainer import checkpoint as ckpt
-from agentenv.trainer.learner import Learner
-from agentenv.trainer.learner_config import ObjectiveConfig, OptimConfig
+from agentenv.trainer.learners.config import ObjectiveConfig, OptimConfig
+from agentenv.trainer.learners.single import Learner
 
 from .conftest import make_trajectories, tiny_model
 

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from agentenv.errors import ConfigError
-from agentenv.trainer.learner import Learner
-from agentenv.trainer.learner_config import LearnerConfig, ObjectiveConfig, OptimConfig
+from agentenv.trainer.learners.config import LearnerConfig, ObjectiveConfig, OptimConfig
+from agentenv.trainer.learners.single import Learner
 from agentenv.trainer.objectives import ObjectiveStats, flash_reinforce_loss
 from agentenv.trainer.trust_gate import bernoulli_kl_gate, trust_gate
 

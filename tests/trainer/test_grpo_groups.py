@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from agentenv.errors import ConfigError
+from agentenv.trainer.learners.update_step import prepare_batch
 from agentenv.trainer.recipe import parse_args
-from agentenv.trainer.update_step import prepare_batch
 from tests.fakes import CountdownEnv
 from tests.trainer.test_loop_failures import FlakyEnv, _train, scripted  # noqa: F401 (scripted: a fixture)
 

@@ -14,8 +14,8 @@ import torch.multiprocessing as mp
 
 from agentenv.engines.sampling import SamplingTransform
 from agentenv.errors import ConfigError, DataError
-from agentenv.trainer.learner import Learner
-from agentenv.trainer.learner_config import LearnerConfig, ObjectiveConfig, OptimConfig
+from agentenv.trainer.learners.config import LearnerConfig, ObjectiveConfig, OptimConfig
+from agentenv.trainer.learners.single import Learner
 from agentenv.trajectory import Trajectory
 
 from .conftest import VOCAB, make_trajectories, on_policy, tiny_model
@@ -84,7 +84,7 @@ def test_gradient_matches_hand_written_loss_and_ignores_micro_batching(options):
     for mbs in (1, 3):
         learner.execution = LearnerConfig(micro_batch_size=mbs)
         if mbs == 3:  # activation checkpointing recomputes, it does not change the gradient
-            from agentenv.trainer.forward import enable_gradient_checkpointing
+            from agentenv.trainer.learners.forward import enable_gradient_checkpointing
 
             enable_gradient_checkpointing(model)
             assert model.model.gradient_checkpointing
@@ -108,7 +108,7 @@ def _rank_worker(rank, world, init_file, out_dir, trajs_dicts):
         learner.optimizer.zero_grad(set_to_none=True)
         batch, adm = learner.prepare(trajs)
         stats = learner.backward(batch, adm)
-        from agentenv.trainer.learner import _all_reduce_grads, _all_reduce_stats
+        from agentenv.trainer.learners.single import _all_reduce_grads, _all_reduce_stats
 
         _all_reduce_grads(learner._params)
         stats = _all_reduce_stats(stats)
@@ -391,7 +391,7 @@ def test_score_and_gate_follow_positions_not_ids():
 
 def test_token_logprobs_projects_only_policy_positions_with_the_same_values():
     from agentenv.trainer.batching import build_batch
-    from agentenv.trainer.forward import token_logprobs
+    from agentenv.trainer.learners.forward import token_logprobs
 
     model = tiny_model(13)
 
@@ -432,9 +432,9 @@ def _with_system_prompt(trajs, n: int, seed: int) -> list[Trajectory]:
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_shared_prefix_pass_gives_the_plain_values_and_gradient(arch, monkeypatch):
     """The system prompt all rows share runs once; log pi, the loss and the gradient do not change."""
-    from agentenv.trainer import forward as forward_module
     from agentenv.trainer.batching import build_batch
-    from agentenv.trainer.forward import shared_prefix_length
+    from agentenv.trainer.learners import forward as forward_module
+    from agentenv.trainer.learners.forward import shared_prefix_length
 
     calls = []
     real = forward_module._suffix_forward
@@ -476,7 +476,7 @@ def test_shared_prefix_pass_gives_the_plain_values_and_gradient(arch, monkeypatc
 
 def test_shared_prefix_length_stops_at_the_first_policy_token_and_differing_tokens():
     from agentenv.trainer.batching import build_batch
-    from agentenv.trainer.forward import shared_prefix_length
+    from agentenv.trainer.learners.forward import shared_prefix_length
 
     a = Trajectory(id="a")
     a.append_environment_tokens([5, 6, 7, 8])

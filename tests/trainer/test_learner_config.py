@@ -8,7 +8,7 @@ import json
 import pytest
 
 from agentenv.errors import ConfigError
-from agentenv.trainer.learner_config import LearnerConfig, ObjectiveConfig, OptimConfig
+from agentenv.trainer.learners.config import LearnerConfig, ObjectiveConfig, OptimConfig
 from agentenv.trainer.recipe import parse_args
 
 

@@ -6,9 +6,9 @@ import inspect
 
 import pytest
 
-from agentenv.trainer.learner import Learner
-from agentenv.trainer.learner_config import OptimConfig
-from agentenv.trainer.learner_contract import PolicyLearner
+from agentenv.trainer.learners.config import OptimConfig
+from agentenv.trainer.learners.contract import PolicyLearner
+from agentenv.trainer.learners.single import Learner
 
 from .conftest import tiny_model
 
@@ -18,8 +18,8 @@ MEMBERS = ("score", "update", "weights_for_engine", "save", "restore")
 def _backends() -> list[type]:
     classes: list[type] = [Learner]
     try:
-        from agentenv.trainer.openrlhf_backend import OpenRLHFLearner
-        from agentenv.trainer.ray_learner import RayLearnerGroup
+        from agentenv.trainer.learners.openrlhf import OpenRLHFLearner
+        from agentenv.trainer.learners.ray_group import RayLearnerGroup
     except Exception as exc:  # pragma: no cover - the train extra installs OpenRLHF
         pytest.skip(f"the DeepSpeed/Ray backends do not import here: {exc}")
     return [*classes, OpenRLHFLearner, RayLearnerGroup]

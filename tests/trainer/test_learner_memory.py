@@ -6,9 +6,9 @@ import torch
 import transformers
 
 from agentenv.engines.weights import check_state_dict, copy_into
-from agentenv.trainer import learner as learner_module
-from agentenv.trainer.learner import Learner
-from agentenv.trainer.learner_config import LearnerConfig, ObjectiveConfig, OptimConfig
+from agentenv.trainer.learners import single as learner_module
+from agentenv.trainer.learners.config import LearnerConfig, ObjectiveConfig, OptimConfig
+from agentenv.trainer.learners.single import Learner
 
 from .conftest import make_trajectories, tiny_model
 

@@ -8,10 +8,10 @@ import torch
 from agentenv.errors import ConfigError, DataError
 from agentenv.trainer.advantages import masked_batch_mean_advantages
 from agentenv.trainer.experiments.significance import paired_bootstrap, two_proportion_interval
-from agentenv.trainer.learner import Learner
-from agentenv.trainer.learner_config import LearnerConfig, ObjectiveConfig, OptimConfig
+from agentenv.trainer.learners.config import LearnerConfig, ObjectiveConfig, OptimConfig
+from agentenv.trainer.learners.single import Learner
+from agentenv.trainer.learners.update_step import prepare_batch
 from agentenv.trainer.trust_gate import bernoulli_kl_gate
-from agentenv.trainer.update_step import prepare_batch
 from tests.trainer.conftest import make_trajectories, on_policy, tiny_model
 
 

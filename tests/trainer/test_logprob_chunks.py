@@ -7,9 +7,9 @@ import torch
 
 from agentenv.engines.sampling import SamplingTransform, label_logprobs
 from agentenv.errors import ConfigError
-from agentenv.trainer.forward import token_logprobs
-from agentenv.trainer.learner_config import LearnerConfig
-from agentenv.trainer.logprob_chunks import chunked_label_logprobs, split_head
+from agentenv.trainer.learners.config import LearnerConfig
+from agentenv.trainer.learners.forward import token_logprobs
+from agentenv.trainer.learners.logprob_chunks import chunked_label_logprobs, split_head
 
 from .conftest import make_trajectories, tiny_model
 

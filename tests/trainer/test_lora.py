@@ -20,9 +20,9 @@ from agentenv.engines.weights import check_state_dict
 from agentenv.errors import ConfigError, RunFolderError, WeightUpdateError
 from agentenv.trainer import recipe
 from agentenv.trainer import train as train_loop
-from agentenv.trainer.learner import Learner
-from agentenv.trainer.learner_config import LearnerConfig, ObjectiveConfig, OptimConfig
-from agentenv.trainer.lora import adapter_state, add_lora, merged_state_dict
+from agentenv.trainer.learners.config import LearnerConfig, ObjectiveConfig, OptimConfig
+from agentenv.trainer.learners.lora import adapter_state, add_lora, merged_state_dict
+from agentenv.trainer.learners.single import Learner
 from agentenv.trainer.resume import check_resumable, run_identity
 from agentenv.trainer.setup import LoopParts
 from tests.fakes import CharRenderer, EvenCharEnv, tiny_llama

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from agentenv.errors import ConfigError
-from agentenv.trainer.learner import Learner
-from agentenv.trainer.learner_config import ObjectiveConfig, OptimConfig
+from agentenv.trainer.learners.config import ObjectiveConfig, OptimConfig
+from agentenv.trainer.learners.single import Learner
 from agentenv.trainer.lr_schedule import decay_length, lr_factor, warmup_length
 
 from .conftest import make_trajectories, tiny_model

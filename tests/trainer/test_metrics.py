@@ -9,8 +9,8 @@ from dataclasses import dataclass
 import pytest
 
 from agentenv.errors import ClosedError
-from agentenv.trainer.learner import Learner
-from agentenv.trainer.learner_config import ObjectiveConfig, OptimConfig
+from agentenv.trainer.learners.config import ObjectiveConfig, OptimConfig
+from agentenv.trainer.learners.single import Learner
 from agentenv.trainer.metrics import MetricsWriter, flatten
 
 from .conftest import make_trajectories, tiny_model

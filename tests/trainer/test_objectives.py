@@ -10,7 +10,7 @@ import torch
 
 from agentenv.errors import ConfigError, DataError
 from agentenv.trainer.advantages import batch_mean_advantages, group_advantages
-from agentenv.trainer.learner_config import ObjectiveConfig
+from agentenv.trainer.learners.config import ObjectiveConfig
 from agentenv.trainer.objectives import ObjectiveStats, entropy_filter_mask, flash_reinforce_loss, grpo_loss
 from agentenv.trainer.trust_gate import bernoulli_kl_gate
 

@@ -26,10 +26,10 @@ pytest.importorskip("deepspeed", reason="needs deepspeed: run scripts/install_op
 pytest.importorskip("openrlhf", reason="needs openrlhf: run scripts/install_openrlhf.sh")
 
 from agentenv.errors import ConfigError, DataError  # noqa: E402
-from agentenv.trainer.cpu_data_parallel import run_cpu_data_parallel  # noqa: E402
-from agentenv.trainer.deepspeed_strategy import OpenRLHFBackendConfig  # noqa: E402
-from agentenv.trainer.learner import Learner  # noqa: E402
-from agentenv.trainer.learner_config import LearnerConfig, ObjectiveConfig, OptimConfig  # noqa: E402
+from agentenv.trainer.learners.config import LearnerConfig, ObjectiveConfig, OptimConfig  # noqa: E402
+from agentenv.trainer.learners.cpu_data_parallel import run_cpu_data_parallel  # noqa: E402
+from agentenv.trainer.learners.deepspeed_strategy import OpenRLHFBackendConfig  # noqa: E402
+from agentenv.trainer.learners.single import Learner  # noqa: E402
 
 from .conftest import make_trajectories, on_policy, tiny_model  # noqa: E402
 
@@ -67,7 +67,7 @@ def _reference(batches, learner=None):
 
 
 def _rank_run(rank: int, batches, zero_stage: int, rows: int, weights_file=None):
-    from agentenv.trainer.openrlhf_backend import OpenRLHFLearner
+    from agentenv.trainer.learners.openrlhf import OpenRLHFLearner
 
     learner = OpenRLHFLearner(
         tiny_model(0), backend=OpenRLHFBackendConfig(rows_per_update=rows, zero_stage=zero_stage), **OPTIM
@@ -168,8 +168,8 @@ def _prefix_batch():
 
 
 def _rank_prefix_run(rank: int, batch, optim=PREFIX_OPTIM):
-    from agentenv.trainer import forward, logprob_chunks
-    from agentenv.trainer.openrlhf_backend import OpenRLHFLearner
+    from agentenv.trainer.learners import forward, logprob_chunks
+    from agentenv.trainer.learners.openrlhf import OpenRLHFLearner
 
     prefixes, chunks, kept = [], [], []
     real_prefix, real_chunks = forward.SharedPrefix, forward.chunked_label_logprobs
@@ -237,7 +237,7 @@ def test_config_errors():
 
 
 def _rank_bad_input_then_zero0_update(rank: int, batches):
-    from agentenv.trainer.openrlhf_backend import OpenRLHFLearner
+    from agentenv.trainer.learners.openrlhf import OpenRLHFLearner
 
     learner = OpenRLHFLearner(tiny_model(0), backend=OpenRLHFBackendConfig(rows_per_update=4, zero_stage=0), **OPTIM)
     before = learner.weights_for_engine()

@@ -28,8 +28,8 @@ pytest.importorskip("openrlhf", reason="needs openrlhf: run scripts/install_open
 
 from agentenv.errors import ConfigError  # noqa: E402
 from agentenv.trainer.advantages import batch_mean_advantages
+from agentenv.trainer.learners.openrlhf_compat import flash_attn_is_stubbed, import_openrlhf  # noqa: E402
 from agentenv.trainer.objectives import flash_reinforce_loss  # noqa: E402
-from agentenv.trainer.openrlhf_compat import flash_attn_is_stubbed, import_openrlhf  # noqa: E402
 
 pytestmark = pytest.mark.openrlhf
 

@@ -29,8 +29,8 @@ REPO = Path(__file__).resolve().parents[2]
 def test_ray_learner_group_two_cpu_actors_match_single_process_learner(monkeypatch):
     import ray
 
-    from agentenv.trainer.deepspeed_strategy import OpenRLHFBackendConfig
-    from agentenv.trainer.ray_learner import RayLearnerGroup
+    from agentenv.trainer.learners.deepspeed_strategy import OpenRLHFBackendConfig
+    from agentenv.trainer.learners.ray_group import RayLearnerGroup
 
     # the actors unpickle the model factory from tests.trainer.conftest: give them the repo on the path
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))

@@ -6,7 +6,7 @@ The model side is tiny and real: a random 2-layer Llama (1024-token vocabulary) 
 TransformersEngine, the CharRenderer of ``tests.fakes``, and a one-turn env whose reward is the parity
 of the task seed (so a batch has mixed rewards). Each update the recipe makes is recorded (the
 trajectories, the PACE scores, the weights before and after) and replayed in this process through
-:class:`agentenv.trainer.learner.Learner`; equal weights after two updates, the second after a resume,
+:class:`agentenv.trainer.learners.single.Learner`; equal weights after two updates, the second after a resume,
 mean the weights, Adam's moments and step count, and the learning rate were all restored
 (``adam_eps = 10`` makes the step about linear in the gradient, as in ``test_openrlhf_backend.py``;
 weight decay 0 because OpenRLHF exempts norm weights from it).
@@ -25,7 +25,7 @@ pytest.importorskip("deepspeed", reason="needs deepspeed: run scripts/install_op
 pytest.importorskip("openrlhf", reason="needs openrlhf: run scripts/install_openrlhf.sh")
 
 from agentenv.core import Env, StepResult  # noqa: E402
-from agentenv.trainer.cpu_data_parallel import run_cpu_data_parallel  # noqa: E402
+from agentenv.trainer.learners.cpu_data_parallel import run_cpu_data_parallel  # noqa: E402
 from tests.fakes import CharRenderer  # noqa: E402
 
 pytestmark = [pytest.mark.openrlhf, pytest.mark.slow]
@@ -126,7 +126,7 @@ def check_against_single_learner(res: dict, run, learner_type: str, initial_mode
     """Two counted versions, DeepSpeed state in the checkpoint, an exact resume, and every recorded
     update equal to :class:`Learner`'s on the same batch and scores (replayed from ``initial_model``)."""
     from agentenv.trainer.checkpoint import latest_checkpoint
-    from agentenv.trainer.learner import Learner
+    from agentenv.trainer.learners.single import Learner
     from agentenv.trainer.recipe import parse_args
     from agentenv.trajectory import Trajectory
 

@@ -3,7 +3,7 @@ of the recipe's ``train()``, a checkpoint written by both actors, a ``--resume``
 every update equal to the single-process learner's (the checks of ``test_recipe_openrlhf.py``).
 
 The policy is a tiny random Llama saved with the default tokenizer, so the driver (engine, renderer)
-and the actors (``learner_backends.actor_model``) load the same weights by ``model.name``. Ray runs on
+and the actors (``learners.backends.actor_model``) load the same weights by ``model.name``. Ray runs on
 loopback only. Budget: about 60 s on 2 cores (four actor processes start; imports dominate).
 """
 

@@ -18,8 +18,8 @@ from agentenv.engines.base import SamplingParams
 from agentenv.engines.sampling import SamplingTransform
 from agentenv.errors import ConfigError
 from agentenv.rollout import RolloutConfig
-from agentenv.trainer.learner import Learner
-from agentenv.trainer.learner_config import LearnerConfig, OptimConfig
+from agentenv.trainer.learners.config import LearnerConfig, OptimConfig
+from agentenv.trainer.learners.single import Learner
 from agentenv.trainer.trust_gate import bernoulli_kl_gate
 from agentenv.trajectory import Trajectory
 
@@ -117,7 +117,7 @@ def test_transformers_engine_behaviour_matches_the_learner(temperature, top_p, t
 
 def test_train_config_refuses_bad_sampling_before_anything_loads():
     from agentenv.trainer.config import TrainConfig
-    from agentenv.trainer.learner_backends import build_learner, sampling_transform
+    from agentenv.trainer.learners.backends import build_learner, sampling_transform
 
     for bad in [{"temperature": 0.0}, {"top_p": 0.0}, {"top_p": 1.5}, {"top_k": -1}, {"top_k": 1.5}]:
         with pytest.raises(ConfigError):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from agentenv.trainer import recipe
-from agentenv.trainer.learner import Learner
+from agentenv.trainer.learners.single import Learner
 from agentenv.trainer.setup import LoopParts, build_learner
 from agentenv.trainer.train import serve_policy
 from tests.fakes import ScriptedEngine, tiny_llama

@@ -219,7 +219,7 @@ def test_every_runnable_study_builds_valid_configs_with_equal_budgets(tmp_path):
             for s, c in gates] == [
         ("sequence_gate", "sequence", None, 4, "none"), ("token_mask", "token", None, 4, "none"),
         ("no_gate", "none", None, 4, "none"), ("no_gate_tis", "none", 2.0, 4, "none")]
-    from agentenv.trainer.learner_backends import loss_constant
+    from agentenv.trainer.learners.backends import loss_constant
 
     normalisers = setting_configs(STUDIES["loss_normaliser"], tmp_path, quick=False)
     assert [(c.objective.loss_aggregation, loss_constant(c)) for _, c in normalisers] == [

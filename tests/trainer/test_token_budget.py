@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from agentenv.errors import DataError
-from agentenv.trainer import forward as forward_module
 from agentenv.trainer.batching import build_batch, micro_batch_rows
-from agentenv.trainer.learner import Learner
-from agentenv.trainer.learner_config import LearnerConfig, ObjectiveConfig, OptimConfig
+from agentenv.trainer.learners import forward as forward_module
+from agentenv.trainer.learners.config import LearnerConfig, ObjectiveConfig, OptimConfig
+from agentenv.trainer.learners.single import Learner
 from agentenv.trajectory import Trajectory
 
 from .conftest import make_trajectories, on_policy, tiny_model

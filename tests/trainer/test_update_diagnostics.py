@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from agentenv.trainer.learner import Learner
-from agentenv.trainer.learner_config import ObjectiveConfig, OptimConfig
-from agentenv.trainer.update_step import prepare_batch, ratio_tail
+from agentenv.trainer.learners.config import ObjectiveConfig, OptimConfig
+from agentenv.trainer.learners.single import Learner
+from agentenv.trainer.learners.update_step import prepare_batch, ratio_tail
 
 from .conftest import make_trajectories, tiny_model
 

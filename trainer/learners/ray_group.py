@@ -1,6 +1,6 @@
 """The DeepSpeed learner as Ray actors: :class:`RayLearnerGroup` (CPU path tested with gloo, GPU path not).
 
-Every actor holds one :class:`agentenv.trainer.openrlhf_backend.OpenRLHFLearner` rank; calls fan out to
+Every actor holds one :class:`agentenv.trainer.learners.openrlhf.OpenRLHFLearner` rank; calls fan out to
 all of them (SPMD) and rank 0 answers.
 """
 
@@ -15,11 +15,11 @@ from torch import nn
 
 from agentenv.engines.sampling import SamplingTransform
 from agentenv.trainer.checkpoint import LoadedCheckpoint
-from agentenv.trainer.deepspeed_strategy import OpenRLHFBackendConfig
-from agentenv.trainer.learner_config import LearnerConfig, ObjectiveConfig, OptimConfig
-from agentenv.trainer.openrlhf_backend import OpenRLHFLearner
-from agentenv.trainer.openrlhf_compat import import_openrlhf
-from agentenv.trainer.update_step import UpdateStats
+from agentenv.trainer.learners.config import LearnerConfig, ObjectiveConfig, OptimConfig
+from agentenv.trainer.learners.deepspeed_strategy import OpenRLHFBackendConfig
+from agentenv.trainer.learners.openrlhf import OpenRLHFLearner
+from agentenv.trainer.learners.openrlhf_compat import import_openrlhf
+from agentenv.trainer.learners.update_step import UpdateStats
 from agentenv.trajectory import Trajectory
 
 __all__ = ["RayLearnerGroup"]
@@ -44,9 +44,10 @@ class RayLearnerGroup:
             needed across nodes); pass ``"127.0.0.1"`` on a single machine.
         sampling: The rollout's behaviour transform, handed to every actor's learner (None: identity).
         total_steps: The run's optimizer steps, the horizon of a cosine lr schedule.
-        loss_constant: ``K`` of ``loss_aggregation: constant`` (as in :class:`agentenv.trainer.learner.Learner`).
+        loss_constant: ``K`` of ``loss_aggregation: constant`` (as in
+            :class:`agentenv.trainer.learners.single.Learner`).
         objective: The loss; execution: the ``learner`` section's micro-batching (as in
-            :class:`agentenv.trainer.learner.Learner`; None: defaults), handed to every actor.
+            :class:`agentenv.trainer.learners.single.Learner`; None: defaults), handed to every actor.
     """
 
     def __init__(

@@ -3,8 +3,8 @@
 ``optim`` (:class:`OptimConfig`) is AdamW and its learning-rate schedule; ``objective``
 (:class:`ObjectiveConfig`) is the loss, FlashREINFORCE (the method) or GRPO (the comparison); ``learner``
 (:class:`LearnerConfig`) is where the update runs and how its rows are cut into passes, which changes
-speed and memory, never the gradient. Every backend (:mod:`agentenv.trainer.learner`,
-:mod:`agentenv.trainer.openrlhf_backend`, :mod:`agentenv.trainer.ray_learner`) takes all three.
+speed and memory, never the gradient. Every backend (:mod:`agentenv.trainer.learners.single`,
+:mod:`agentenv.trainer.learners.openrlhf`, :mod:`agentenv.trainer.learners.ray_group`) takes all three.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 from agentenv.errors import ConfigError
-from agentenv.trainer.logprob_chunks import DEFAULT_CHUNK_TOKENS
+from agentenv.trainer.learners.logprob_chunks import DEFAULT_CHUNK_TOKENS
 from agentenv.trainer.lr_schedule import SCHEDULES
 from agentenv.trainer.objectives import _check_fraction, check_is_truncation
 from agentenv.trainer.trust_gate import check_delta, check_gate
@@ -205,11 +205,12 @@ class LearnerConfig:
 
     Every backend takes exactly one optimizer step per fresh batch of ``run.batch_size`` trajectories,
     with the global denominators of FlashREINFORCE, and runs the same micro-step
-    (:mod:`agentenv.trainer.update_step`), so these settings change speed and memory, not the maths.
+    (:mod:`agentenv.trainer.learners.update_step`), so these settings change speed and memory, not the maths.
 
     The token prefix every row of the batch shares (the system prompt and tool schemas; a GRPO group's
     whole prompt) runs through the model once per step, and every micro-batch attends to that one KV
-    cache (:func:`agentenv.trainer.forward.shared_prefix_length`, :mod:`agentenv.trainer.shared_prefix`);
+    cache (:func:`agentenv.trainer.learners.forward.shared_prefix_length`,
+    :mod:`agentenv.trainer.learners.shared_prefix`);
     its gradient, summed over the micro-batches, is back-propagated through the prefix once at the end.
     The log-probabilities and the gradient are those of the plain padded pass; only the compute shrinks,
     by about ``(B - 1) * prefix / (B * L)``. This happens whenever the batch holds 2 or more rows sharing
@@ -226,7 +227,7 @@ class LearnerConfig:
             reply; a row longer than the budget runs alone (:func:`agentenv.trainer.batching.micro_batch_rows`).
         logprob_chunk_tokens: Tokens per vocabulary projection of the log-probabilities (>= 1): no
             ``(tokens, V)`` float32 logits tensor larger than ``(logprob_chunk_tokens, V)`` is alive
-            (:func:`agentenv.trainer.logprob_chunks.chunked_label_logprobs`, logits recomputed in the
+            (:func:`agentenv.trainer.learners.logprob_chunks.chunked_label_logprobs`, logits recomputed in the
             backward pass); the values and the gradient do not depend on it.
         gradient_checkpointing: Recompute each decoder layer's activations in the backward pass
             instead of keeping them (transformers' activation checkpointing, non-reentrant):
@@ -234,7 +235,7 @@ class LearnerConfig:
             The gradient is unchanged.
         lora_rank: 0 (default): train every weight. ``r >= 1``: train LoRA adapters of rank ``r`` on
             ``lora_target_modules`` only, the base weights frozen, and sync only the adapters to the
-            engine (:mod:`agentenv.trainer.lora`; the single backend with the transformers engine).
+            engine (:mod:`agentenv.trainer.learners.lora`; the single backend with the transformers engine).
         lora_alpha: LoRA's scale numerator: the update is ``(lora_alpha / lora_rank) B A``. 32 as in
             "LoRA Without Regret" (Schulman et al., Thinking Machines, 2025), which also finds the best
             LoRA lr about 10x the full fine-tuning one.
@@ -250,7 +251,7 @@ class LearnerConfig:
     }
 
     backend: str = "single"
-    """``"single"``: :class:`agentenv.trainer.learner.Learner` in this process (CPU or one GPU).
+    """``"single"``: :class:`agentenv.trainer.learners.single.Learner` in this process (CPU or one GPU).
     ``"openrlhf"``: OpenRLHF's DeepSpeed strategy in this process (world size 1; gloo on a CPU, NCCL
     on a GPU). ``"ray"``: ``world_size`` Ray actors, each an OpenRLHF/DeepSpeed rank (data parallel;
     one or more GPUs each, on one node or a Ray cluster)."""

@@ -1,10 +1,10 @@
 """The policy's forward pass in training: log pi at the policy tokens, the shared prefix, checkpointing.
 
 :func:`token_logprobs` is the one scoring function of every learner backend (training micro-steps
-and :meth:`PolicyLearner.score <agentenv.trainer.learner_contract.PolicyLearner.score>` alike): the
+and :meth:`PolicyLearner.score <agentenv.trainer.learners.contract.PolicyLearner.score>` alike): the
 vocabulary projection only at label positions, in token chunks
-(:mod:`agentenv.trainer.logprob_chunks`), under the engine's sampling transform, with the prefix all
-rows share served from one KV cache (:mod:`agentenv.trainer.shared_prefix`).
+(:mod:`agentenv.trainer.learners.logprob_chunks`), under the engine's sampling transform, with the prefix all
+rows share served from one KV cache (:mod:`agentenv.trainer.learners.shared_prefix`).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import torch
 from agentenv.engines.sampling import SamplingTransform, label_logprobs
 from agentenv.errors import ConfigError, DataError
 from agentenv.trainer.batching import PolicyBatch, split_micro_batches
-from agentenv.trainer.logprob_chunks import DEFAULT_CHUNK_TOKENS, chunked_label_logprobs, split_head
-from agentenv.trainer.shared_prefix import SharedPrefix
+from agentenv.trainer.learners.logprob_chunks import DEFAULT_CHUNK_TOKENS, chunked_label_logprobs, split_head
+from agentenv.trainer.learners.shared_prefix import SharedPrefix
 
 __all__ = [
     "MIN_SHARED_PREFIX",
@@ -76,9 +76,9 @@ def token_logprobs(
 
     The vocabulary projection runs only at label positions where some row holds a policy token
     (``k`` of the ``t`` positions; ``logits_to_keep`` for a model that takes it). For a transformers
-    causal LM whose logits are ``lm_head(hidden)`` (:func:`agentenv.trainer.logprob_chunks.split_head`)
+    causal LM whose logits are ``lm_head(hidden)`` (:func:`agentenv.trainer.learners.logprob_chunks.split_head`)
     it runs ``chunk_tokens`` tokens at a time with the logits recomputed in the backward pass
-    (:func:`agentenv.trainer.logprob_chunks.chunked_label_logprobs`): no ``(b, k, V)`` float32 tensor
+    (:func:`agentenv.trainer.learners.logprob_chunks.chunked_label_logprobs`): no ``(b, k, V)`` float32 tensor
     is ever alive, at most one ``(chunk_tokens, V)`` one.
 
     With ``share_prefix`` (see :attr:`OptimConfig.share_prefix`), the ``n`` leading tokens all rows
@@ -178,7 +178,7 @@ def shared_prefix(model: torch.nn.Module, batch: PolicyBatch, *, leaves: bool) -
 
     None when the model cannot serve rows from a cache (:func:`_can_share_prefix`) or the prefix is
     shorter than :data:`MIN_SHARED_PREFIX` tokens (or the batch has one row). ``leaves``: see
-    :class:`agentenv.trainer.shared_prefix.SharedPrefix`.
+    :class:`agentenv.trainer.learners.shared_prefix.SharedPrefix`.
     """
     if not _can_share_prefix(model):
         return None

@@ -1,9 +1,9 @@
 """The learner contract: what the training loop asks of every learner backend.
 
-:class:`PolicyLearner` is met by the single-process :class:`agentenv.trainer.learner.Learner`, the
-DeepSpeed :class:`agentenv.trainer.openrlhf_backend.OpenRLHFLearner` and the Ray
-:class:`agentenv.trainer.ray_learner.RayLearnerGroup`. All three run the same micro-step
-(:func:`agentenv.trainer.update_step.micro_batch_objective`) and report :class:`UpdateStats`.
+:class:`PolicyLearner` is met by the single-process :class:`agentenv.trainer.learners.single.Learner`, the
+DeepSpeed :class:`agentenv.trainer.learners.openrlhf.OpenRLHFLearner` and the Ray
+:class:`agentenv.trainer.learners.ray_group.RayLearnerGroup`. All three run the same micro-step
+(:func:`agentenv.trainer.learners.update_step.micro_batch_objective`) and report :class:`UpdateStats`.
 ``tests/trainer/test_learner_contract.py`` checks each backend's members and signatures against it.
 """
 
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     import torch
 
     from agentenv.trainer.checkpoint import LoadedCheckpoint
-    from agentenv.trainer.update_step import UpdateStats
+    from agentenv.trainer.learners.update_step import UpdateStats
     from agentenv.trajectory import Trajectory
 
 __all__ = ["PolicyLearner"]

@@ -1,6 +1,6 @@
 """``fn(rank)`` in spawned processes joined by gloo on loopback: the CPU test harness of the DeepSpeed learner.
 
-Each rank builds its own :class:`agentenv.trainer.openrlhf_backend.OpenRLHFLearner` inside ``fn``, so no
+Each rank builds its own :class:`agentenv.trainer.learners.openrlhf.OpenRLHFLearner` inside ``fn``, so no
 process group or DeepSpeed state is left in the calling process (the tests' and ``agentenv train``'s
 ``learner.backend=openrlhf`` with ``learner.world_size > 1`` on a CPU).
 """
@@ -13,7 +13,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from agentenv.trainer.deepspeed_strategy import free_port
+from agentenv.trainer.learners.deepspeed_strategy import free_port
 
 __all__ = ["run_cpu_data_parallel"]
 

@@ -8,10 +8,10 @@ scores=)`` (exactly one optimizer step per fresh batch), ``version`` (optimizer 
 =========  ==========================================================  ================================
 backend    runs                                                        scale
 =========  ==========================================================  ================================
-single     :class:`agentenv.trainer.learner.Learner` in this process   CPU or one GPU
-openrlhf   :class:`~agentenv.trainer.openrlhf_backend.OpenRLHFLearner`  one process: gloo on a CPU, NCCL
+single     :class:`agentenv.trainer.learners.single.Learner` in this process   CPU or one GPU
+openrlhf   :class:`~agentenv.trainer.learners.openrlhf.OpenRLHFLearner`  one process: gloo on a CPU, NCCL
            (OpenRLHF's DeepSpeed strategy, ZeRO ``zero_stage``)         and bf16 on one GPU
-ray        :class:`~agentenv.trainer.ray_learner.RayLearnerGroup`  ``world_size`` actors (GPUs), one
+ray        :class:`~agentenv.trainer.learners.ray_group.RayLearnerGroup`  ``world_size`` actors (GPUs), one
            (one ``OpenRLHFLearner`` rank per Ray actor)                 node or a Ray cluster
 =========  ==========================================================  ================================
 
@@ -33,7 +33,7 @@ import torch
 from agentenv.engines.sampling import SamplingTransform
 from agentenv.errors import ConfigError
 from agentenv.trainer.config import TrainConfig
-from agentenv.trainer.learner_contract import PolicyLearner
+from agentenv.trainer.learners.contract import PolicyLearner
 
 __all__ = ["build_learner", "backend_config", "loss_constant", "sampling_transform"]
 
@@ -41,12 +41,12 @@ logger = logging.getLogger(__name__)
 
 
 def backend_config(cfg: TrainConfig) -> Any:
-    """The :class:`~agentenv.trainer.deepspeed_strategy.OpenRLHFBackendConfig` of a DeepSpeed backend.
+    """The :class:`~agentenv.trainer.learners.deepspeed_strategy.OpenRLHFBackendConfig` of a DeepSpeed backend.
 
     Raises:
         ConfigError: OpenRLHF/DeepSpeed are not installed.
     """
-    from agentenv.trainer.deepspeed_strategy import OpenRLHFBackendConfig
+    from agentenv.trainer.learners.deepspeed_strategy import OpenRLHFBackendConfig
 
     return OpenRLHFBackendConfig(
         rows_per_update=cfg.run.batch_size, zero_stage=cfg.learner.zero_stage,
@@ -83,7 +83,7 @@ def build_learner(cfg: TrainConfig, model: torch.nn.Module, *, warmed_up: bool =
         cfg: The run's config (``learner``, ``optim``, ``objective``, ``run.batch_size``, ``model``; ``rollout``'s
             temperature, top_p and top_k become the learner's :class:`SamplingTransform`).
         model: The loaded policy. ``single`` trains it in place (with ``learner.lora_rank``, LoRA
-            adapters are added to it first, :func:`agentenv.trainer.lora.add_lora`), ``openrlhf`` a
+            adapters are added to it first, :func:`agentenv.trainer.learners.lora.add_lora`), ``openrlhf`` a
             copy; ``ray`` actors load their own copy (by ``model.name``, on their GPU) and, when
             ``warmed_up``, receive this model's weights instead (the warm-up exists only in this process).
         warmed_up: ``model`` differs from the checkpoint on disk (the cached tool-use warm-up).
@@ -94,17 +94,17 @@ def build_learner(cfg: TrainConfig, model: torch.nn.Module, *, warmed_up: bool =
     """
     backend = cfg.learner.backend
     if backend == "single":
-        from agentenv.trainer.learner import Learner
+        from agentenv.trainer.learners.single import Learner
 
         if cfg.learner.lora_rank:  # adapters added in place: the engine's copy of ``model`` gets them too
-            from agentenv.trainer.lora import add_lora
+            from agentenv.trainer.learners.lora import add_lora
 
             add_lora(model, rank=cfg.learner.lora_rank, alpha=cfg.learner.lora_alpha,
                      targets=cfg.learner.lora_target_modules)
         return Learner(model, cfg.optim, objective=cfg.objective, execution=cfg.learner,
                        sampling=sampling_transform(cfg), total_steps=cfg.run.updates, loss_constant=loss_constant(cfg))
     if backend == "openrlhf":
-        from agentenv.trainer.openrlhf_backend import OpenRLHFLearner
+        from agentenv.trainer.learners.openrlhf import OpenRLHFLearner
 
         # DeepSpeed takes over (and may cast or partition) the module it is given: hand it its own
         # copy, so ``model`` stays a plain module the caller can copy for the generation engine.
@@ -121,7 +121,7 @@ def _ray_group(cfg: TrainConfig, model: torch.nn.Module, *, warmed_up: bool) -> 
         import ray
     except ImportError as exc:
         raise ConfigError("learner.backend 'ray' needs ray: run scripts/install_openrlhf.sh") from exc
-    from agentenv.trainer.ray_learner import RayLearnerGroup
+    from agentenv.trainer.learners.ray_group import RayLearnerGroup
 
     address = os.environ.get("RAY_ADDRESS")  # Ray's own setting: "auto" joins the cluster `ray start` set up
     if not ray.is_initialized():

@@ -3,8 +3,8 @@
 :func:`prepare_batch` pads the fresh batch and computes its global advantages and the gate's
 decision; :func:`micro_batch_objective` is the micro-step's loss (FlashREINFORCE or GRPO with the
 global denominators); :func:`update_stats` assembles the :class:`UpdateStats` an update returns.
-The single-process :class:`agentenv.trainer.learner.Learner` and the DeepSpeed
-:class:`agentenv.trainer.openrlhf_backend.OpenRLHFLearner` differ only in how they run the
+The single-process :class:`agentenv.trainer.learners.single.Learner` and the DeepSpeed
+:class:`agentenv.trainer.learners.openrlhf.OpenRLHFLearner` differ only in how they run the
 micro-steps and step the optimizer.
 """
 
@@ -21,7 +21,7 @@ from agentenv.errors import ConfigError, DataError
 from agentenv.rollout import is_token_budget_cut
 from agentenv.trainer.advantages import batch_mean_advantages, group_advantages, masked_batch_mean_advantages
 from agentenv.trainer.batching import PolicyBatch, build_batch
-from agentenv.trainer.learner_config import TRUNCATION_PENALTY
+from agentenv.trainer.learners.config import TRUNCATION_PENALTY
 from agentenv.trainer.objectives import (
     RHO_LOG_CLAMP,
     ObjectiveOutput,
@@ -34,7 +34,7 @@ from agentenv.trainer.trust_gate import trust_gate
 from agentenv.trajectory import Trajectory
 
 if TYPE_CHECKING:
-    from agentenv.trainer.learner_config import ObjectiveConfig
+    from agentenv.trainer.learners.config import ObjectiveConfig
 
 __all__ = [
     "UpdateStats",
@@ -208,12 +208,12 @@ def check_objective_constant(config: ObjectiveConfig, loss_constant: float | Non
 
     Raises:
         ConfigError: ``"constant"`` without a constant (the trainer passes the rollout's policy-token
-            budget, :func:`agentenv.trainer.learner_backends.loss_constant`), a constant that is not a
+            budget, :func:`agentenv.trainer.learners.backends.loss_constant`), a constant that is not a
             finite number > 0, or a constant with another aggregation.
     """
     if config.loss_aggregation == "constant" and loss_constant is None:
         raise ConfigError("objective.loss_aggregation=constant needs the learner's loss_constant K (policy tokens); "
-                          "the trainer passes the rollout's policy-token budget (learner_backends.loss_constant)")
+                          "the trainer passes the rollout's policy-token budget (learners.backends.loss_constant)")
     if config.loss_aggregation != "constant" and loss_constant is not None:
         raise ConfigError(f"loss_constant={loss_constant} is the normaliser of objective.loss_aggregation=constant, "
                           f"not of {config.loss_aggregation!r}")

@@ -3,7 +3,7 @@
 :class:`OpenRLHFBackendConfig` holds the DeepSpeed settings (ZeRO stage, dtype, accumulation);
 :func:`make_strategy` builds OpenRLHF 0.11.2's :class:`openrlhf.utils.deepspeed.DeepspeedStrategy`
 from them, with NCCL on CUDA and gloo on a CPU. The learner that drives it is
-:class:`agentenv.trainer.openrlhf_backend.OpenRLHFLearner`.
+:class:`agentenv.trainer.learners.openrlhf.OpenRLHFLearner`.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import torch
 import torch.distributed as dist
 
 from agentenv.errors import ConfigError
-from agentenv.trainer.learner_config import LearnerConfig, OptimConfig
-from agentenv.trainer.openrlhf_compat import import_openrlhf
+from agentenv.trainer.learners.config import LearnerConfig, OptimConfig
+from agentenv.trainer.learners.openrlhf_compat import import_openrlhf
 
 __all__ = ["OpenRLHFBackendConfig", "free_port", "make_strategy"]
 

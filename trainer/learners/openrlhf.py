@@ -3,7 +3,7 @@
 The policy is wrapped by OpenRLHF 0.11.2's :class:`openrlhf.utils.deepspeed.DeepspeedStrategy`
 (``strategy.prepare((model, cfg))`` builds the DeepSpeed engine, AdamW and the scheduler;
 ``strategy.backward`` / ``strategy.optimizer_step`` drive it). Each micro-step's loss is
-:func:`agentenv.trainer.update_step.micro_batch_objective`, the one the single-process learner runs
+:func:`agentenv.trainer.learners.update_step.micro_batch_objective`, the one the single-process learner runs
 (FlashREINFORCE or GRPO from :mod:`agentenv.trainer.objectives`), not OpenRLHF's ``PolicyLoss``;
 ``tests/trainer/test_openrlhf_loss.py`` cross-checks the two on the same inputs.
 
@@ -24,8 +24,8 @@ Paths:
 
 * CPU (tested): ``torch.distributed`` with gloo, a CPU device mesh, ZeRO stage 0 or 2, fp32,
   ``torch.optim.AdamW`` (DeepSpeed's FusedAdam needs CUDA). World size 1 or 2 processes on loopback
-  (:func:`agentenv.trainer.cpu_data_parallel.run_cpu_data_parallel`), and
-  :class:`agentenv.trainer.ray_learner.RayLearnerGroup` with two CPU Ray actors (OpenRLHF's
+  (:func:`agentenv.trainer.learners.cpu_data_parallel.run_cpu_data_parallel`), and
+  :class:`agentenv.trainer.learners.ray_group.RayLearnerGroup` with two CPU Ray actors (OpenRLHF's
   ``BaseDistributedActor`` rendezvous; ``slow`` test).
 * GPU only, NOT TESTED HERE (no GPU in CI): ``strategy.setup_distributed()`` with NCCL and a CUDA
   mesh, bf16, FusedAdam (``benchmarks/gpu_check.py`` runs one update through it on one GPU);
@@ -69,17 +69,15 @@ from agentenv.trainer.batching import (
     split_micro_batches,
 )
 from agentenv.trainer.checkpoint import LoadedCheckpoint
-from agentenv.trainer.deepspeed_strategy import OpenRLHFBackendConfig, make_strategy
-from agentenv.trainer.forward import (
+from agentenv.trainer.learners.config import LearnerConfig, ObjectiveConfig, OptimConfig
+from agentenv.trainer.learners.deepspeed_strategy import OpenRLHFBackendConfig, make_strategy
+from agentenv.trainer.learners.forward import (
     enable_gradient_checkpointing,
     mean_policy_entropy,
     shared_prefix,
     token_logprobs,
 )
-from agentenv.trainer.learner_config import LearnerConfig, ObjectiveConfig, OptimConfig
-from agentenv.trainer.lr_schedule import apply_optim_settings, build_scheduler, log_applied
-from agentenv.trainer.objectives import ObjectiveStats
-from agentenv.trainer.update_step import (
+from agentenv.trainer.learners.update_step import (
     UpdateStats,
     check_objective_constant,
     micro_batch_objective,
@@ -90,10 +88,12 @@ from agentenv.trainer.update_step import (
     unscored_stats,
     update_stats,
 )
+from agentenv.trainer.lr_schedule import apply_optim_settings, build_scheduler, log_applied
+from agentenv.trainer.objectives import ObjectiveStats
 from agentenv.trajectory import Trajectory
 
 if TYPE_CHECKING:
-    from agentenv.trainer.shared_prefix import SharedPrefix
+    from agentenv.trainer.learners.shared_prefix import SharedPrefix
 
 __all__ = ["OpenRLHFLearner"]
 
@@ -106,7 +106,7 @@ log = logging.getLogger(__name__)
 class OpenRLHFLearner:
     """FlashREINFORCE/GRPO learner on a DeepSpeed engine built by OpenRLHF's strategy.
 
-    The same interface and semantics as :class:`agentenv.trainer.learner.Learner`: :meth:`score`,
+    The same interface and semantics as :class:`agentenv.trainer.learners.single.Learner`: :meth:`score`,
     :meth:`update` (one optimizer step per fresh batch, skipped without gradient signal unless
     ``step_on_zero_gradient``), :attr:`version`, :meth:`weights_for_engine`. Under data parallelism
     every rank makes the same calls with the same whole batch (SPMD).
@@ -118,16 +118,16 @@ class OpenRLHFLearner:
     Args:
         model: The policy (a ``transformers`` causal LM); DeepSpeed takes ownership of it.
         optim: AdamW and its schedule; objective: the loss; execution: the ``learner`` section's
-            micro-batching (the three as in :class:`agentenv.trainer.learner.Learner`; None: defaults).
+            micro-batching (the three as in :class:`agentenv.trainer.learners.single.Learner`; None: defaults).
         backend: DeepSpeed settings.
         pad_token_id: Pad id for batching.
         version: Starting policy version.
         strategy: A strategy from :func:`make_strategy` (built when None).
         sampling: The rollout's behaviour transform; log pi is scored under it (training and
-            :meth:`score`), as in :class:`agentenv.trainer.learner.Learner`. None: the identity.
+            :meth:`score`), as in :class:`agentenv.trainer.learners.single.Learner`. None: the identity.
         total_steps: The run's optimizer steps, the horizon of a cosine lr schedule
             (:mod:`agentenv.trainer.lr_schedule`).
-        loss_constant: ``K`` of ``loss_aggregation: constant``, as in :class:`agentenv.trainer.learner.Learner`.
+        loss_constant: ``K`` of ``loss_aggregation: constant``, as in :class:`agentenv.trainer.learners.single.Learner`.
 
     Raises:
         ConfigError: OpenRLHF/DeepSpeed missing or an inconsistent configuration.
@@ -297,7 +297,7 @@ class OpenRLHFLearner:
     ) -> tuple[ObjectiveStats, float, int]:
         """This rank's micro-steps through DeepSpeed; the last is the accumulation boundary and steps.
 
-        The pass is :meth:`agentenv.trainer.learner.Learner.backward`'s: under ZeRO 0-2 the prefix
+        The pass is :meth:`agentenv.trainer.learners.single.Learner.backward`'s: under ZeRO 0-2 the prefix
         every row of the batch shares runs once (on every rank, the same input), this rank's rows
         go in micro-batches of :func:`micro_batch_rows` (``micro_batch_size`` rows and, when set,
         ``max_tokens_per_micro_batch`` padded tokens, sorted by length), a micro-batch without an
@@ -375,7 +375,7 @@ class OpenRLHFLearner:
     def _logprobs(
         self, mb: PolicyBatch, *, with_entropy: bool = False, prefix: SharedPrefix | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """:func:`agentenv.trainer.forward.token_logprobs` of ``mb`` as the single-process learner scores it.
+        """:func:`agentenv.trainer.learners.forward.token_logprobs` of ``mb`` as the single-process learner scores it.
 
         Under ZeRO 0-2 every rank holds the full parameters, so the wrapped transformers model is
         called directly: the vocabulary projection runs in ``learner.logprob_chunk_tokens`` chunks and

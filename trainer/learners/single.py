@@ -1,7 +1,7 @@
 """A single-process learner (CPU or one GPU, optionally data-parallel over torch.distributed).
 
 ``Learner(model, optim, objective=..., execution=...)`` owns the model, the AdamW optimizer and its
-learning-rate schedule (:mod:`agentenv.trainer.learner_config` holds the three settings); it scores
+learning-rate schedule (:mod:`agentenv.trainer.learners.config` holds the three settings); it scores
 trajectories for PACE's drift and the gate, and applies exactly one optimizer step per fresh batch
 with :mod:`agentenv.trainer.objectives` (FlashREINFORCE or GRPO), accumulating gradients over
 micro-batches with the *global* denominators B and T_i (or N for GRPO). Under torch.distributed
@@ -41,17 +41,15 @@ from agentenv.trainer.batching import (
     shard_offset,
     split_micro_batches,
 )
-from agentenv.trainer.forward import (
+from agentenv.trainer.learners.config import LearnerConfig, ObjectiveConfig, OptimConfig
+from agentenv.trainer.learners.forward import (
     enable_gradient_checkpointing,
     mean_policy_entropy,
     shared_prefix,
     token_logprobs,
 )
-from agentenv.trainer.learner_config import LearnerConfig, ObjectiveConfig, OptimConfig
-from agentenv.trainer.lora import adapter_state, has_adapters
-from agentenv.trainer.lr_schedule import apply_optim_settings, build_scheduler, log_applied
-from agentenv.trainer.objectives import ObjectiveStats
-from agentenv.trainer.update_step import (
+from agentenv.trainer.learners.lora import adapter_state, has_adapters
+from agentenv.trainer.learners.update_step import (
     UpdateStats,
     check_objective_constant,
     micro_batch_objective,
@@ -62,6 +60,8 @@ from agentenv.trainer.update_step import (
     unscored_stats,
     update_stats,
 )
+from agentenv.trainer.lr_schedule import apply_optim_settings, build_scheduler, log_applied
+from agentenv.trainer.objectives import ObjectiveStats
 from agentenv.trajectory import Trajectory
 
 if TYPE_CHECKING:
@@ -77,11 +77,11 @@ class Learner:
 
     Args:
         model: A causal LM (``transformers`` ``PreTrainedModel`` or anything returning ``.logits``).
-        optim: AdamW and its schedule (:class:`~agentenv.trainer.learner_config.OptimConfig`).
-        objective: The loss (:class:`~agentenv.trainer.learner_config.ObjectiveConfig`; None: its defaults).
+        optim: AdamW and its schedule (:class:`~agentenv.trainer.learners.config.OptimConfig`).
+        objective: The loss (:class:`~agentenv.trainer.learners.config.ObjectiveConfig`; None: its defaults).
         execution: How the update's rows are cut into passes: micro-batch rows and tokens, the
             log-probability chunk, activation checkpointing, the shared prefix (the ``learner``
-            section, :class:`~agentenv.trainer.learner_config.LearnerConfig`; its backend fields are
+            section, :class:`~agentenv.trainer.learners.config.LearnerConfig`; its backend fields are
             not read here; None: its defaults).
         pad_token_id: Pad id for batching (the tokenizer's pad id; never scored).
         version: Starting policy version (a resumed run passes the checkpoint's).
@@ -91,7 +91,8 @@ class Learner:
         total_steps: The run's optimizer steps (``run.updates``), the horizon of a cosine schedule;
             None is allowed for ``lr_schedule: constant`` only.
         loss_constant: ``K`` of ``objective.loss_aggregation: constant`` (policy tokens, > 0; the
-            trainer passes the rollout's policy-token budget, :func:`~agentenv.trainer.learner_backends.loss_constant`);
+            trainer passes the rollout's policy-token budget,
+            :func:`~agentenv.trainer.learners.backends.loss_constant`);
             None with any other aggregation.
 
     Attributes:
@@ -215,7 +216,8 @@ class Learner:
 
         Rows are processed in micro-batches of at most ``execution.micro_batch_size`` rows and, when
         set, ``execution.max_tokens_per_micro_batch`` padded tokens (:func:`micro_batch_rows`); the
-        prefix every row shares runs once before them (:mod:`agentenv.trainer.shared_prefix`) and its gradient is
+        prefix every row shares runs once before them
+        (:mod:`agentenv.trainer.learners.shared_prefix`) and its gradient is
         back-propagated once after them. The objective uses the global B, T_i and N, so the
         accumulated gradient does not depend on the split. glibc's free heap is returned to the
         operating system before the first micro-batch (:func:`agentenv.malloc.release_free_heap`).
@@ -426,7 +428,7 @@ def _cpu_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return sd
 
 
-# -- shared by the learners (this one and agentenv.trainer.openrlhf_backend) ---------------------------
+# -- shared by the learners (this one and agentenv.trainer.learners.openrlhf) ---------------------------
 def _rank_world() -> tuple[int, int]:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return torch.distributed.get_rank(), torch.distributed.get_world_size()
