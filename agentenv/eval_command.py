@@ -36,11 +36,11 @@ from agentenv.evaluation import (
     write_report,
 )
 from agentenv.output_folders import EVALUATION, claim_folder, folder_name
-from agentenv.rollout import RolloutConfig
+from agentenv.rollout.episode import RolloutConfig
 
 if TYPE_CHECKING:
-    from agentenv.chat import ChatRenderer
     from agentenv.engines.base import GenerationEngine
+    from agentenv.rollout.chat import ChatRenderer
 
 
 #: Seeds ``agentenv eval`` plays an env without a task list when ``--seeds`` is not given: disjoint from
@@ -61,7 +61,7 @@ class EvalArgs:
     class, so one default holds for both: the model and the engine from
     :class:`~agentenv.engines.build.ModelConfig`, the temperature and the concurrency from
     :class:`~agentenv.evaluation.EvalConfig`, the tokens per reply and top-p from
-    :class:`~agentenv.rollout.RolloutConfig`; one episode per task, as the trainer plays.
+    :class:`~agentenv.rollout.episode.RolloutConfig`; one episode per task, as the trainer plays.
 
     Raises:
         ConfigError: A value out of range or a malformed ``--seeds`` (the message names the flag and
@@ -233,9 +233,9 @@ def _build_engine(args: EvalArgs) -> tuple[GenerationEngine, ChatRenderer]:
     """
     import torch
 
-    from agentenv.chat import ChatRenderer
     from agentenv.engines.build import build_engine
     from agentenv.models import DEFAULT_ALIASES, chat_template, load_model_and_tokenizer, resolve_model_path
+    from agentenv.rollout.chat import ChatRenderer
 
     if args.engine == "vllm":
         from transformers import AutoTokenizer

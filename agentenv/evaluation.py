@@ -35,7 +35,7 @@ from agentenv.errors import ConfigError
 
 if TYPE_CHECKING:
     from agentenv.engines.base import GenerationEngine
-    from agentenv.rollout import Renderer, RolloutConfig
+    from agentenv.rollout.episode import Renderer, RolloutConfig
 
 logger = logging.getLogger(__name__)
 
@@ -283,18 +283,18 @@ def policy_agent(make_policy: Callable[[EpisodeJob, Mapping[str, Any]], Policy])
 
 
 def model_agent(engine: GenerationEngine, renderer: Renderer, cfg: RolloutConfig) -> Agent:
-    """An agent that plays with a language model through ``agentenv.rollout.run_episode``.
+    """An agent that plays with a language model through ``agentenv.rollout.episode.run_episode``.
 
     Args:
         engine: A :class:`~agentenv.engines.base.GenerationEngine`.
         renderer: The chat renderer of the engine's tokenizer.
-        cfg: An ``agentenv.rollout.RolloutConfig`` (its ``max_turns`` should cover the env's steps).
+        cfg: An ``agentenv.rollout.episode.RolloutConfig`` (its ``max_turns`` should cover the env's steps).
 
     An episode is won when ``info["won"]`` says so or, for envs that do not report it, when its
     reward is positive; its steps are ``info["steps"]``, else the assistant turns. Its answer is
     ``info["extracted_answer"]``; a job with ``transcript`` keeps the decoded episode.
     """
-    from agentenv.rollout import run_episode
+    from agentenv.rollout.episode import run_episode
 
     async def agent(env: Env, job: EpisodeJob) -> EpisodeResult:
         start = time.perf_counter()

@@ -11,7 +11,7 @@ The parts of a run that can break without the policy's doing, and what happens t
   between two calls, and a fresh worker replaced it
   (:class:`~agentenv.sandboxes.session.WorkerSandbox`).
 * ``env_replaced``: an episode failed (its environment raised, or any failure outside the policy) and
-  the collector built a fresh environment for that slot (:class:`~agentenv.collector.RolloutCollector`).
+  the collector built a fresh environment for that slot (:class:`~agentenv.rollout.collector.RolloutCollector`).
 * ``grader_kills`` / ``grader_crashes``: a grading worker passed its deadline and was killed, or died
   (:class:`~agentenv.envs.python_tool.grading.Grader`).
 

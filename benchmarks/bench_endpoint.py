@@ -72,7 +72,7 @@ async def endpoint_run(engine, renderer, cfg, sessions: int, turns: int,
     import openai
 
     from agentenv.agents import AgentEndpoint
-    from agentenv.tool_calls import get_tool_parser
+    from agentenv.rollout.tool_calls import get_tool_parser
 
     timed = TimedEngine(engine)
     endpoint = AgentEndpoint(timed, renderer)
@@ -126,7 +126,7 @@ async def main() -> None:
 
     from agentenv.engines.base import SamplingParams
     from agentenv.engines.transformers_engine import TransformersEngine
-    from agentenv.rollout import RolloutConfig
+    from agentenv.rollout.episode import RolloutConfig
     from tests.agents.tiny import tiny_smollm_lm, tool_renderer
     from tests.smollm_tokenizer import smollm_tokenizer
 

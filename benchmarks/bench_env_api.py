@@ -24,13 +24,13 @@ import statistics
 import time
 from pathlib import Path
 
-from agentenv.chat import ChatRenderer
 from agentenv.envs.python_tool import PythonToolEnv
 from agentenv.envs.python_tool.answers import math_verify_fn
 from agentenv.envs.python_tool.datasets import MathProblem
 from agentenv.envs.python_tool.grading import Grader
+from agentenv.rollout.chat import ChatRenderer
+from agentenv.rollout.tool_calls import HermesToolCallParser
 from agentenv.sandboxes import SandboxLimits, create_sandbox
-from agentenv.tool_calls import HermesToolCallParser
 
 CODE = "import math\nx = sum(math.comb(10, k) for k in range(11))\nprint(x)"
 REPLY = (

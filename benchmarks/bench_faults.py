@@ -29,7 +29,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench_soak import SOAK_PROBLEM, ToolScriptEngine  # noqa: E402  (benchmarks/, beside this file)
 
-from agentenv.collector import RolloutCollector  # noqa: E402
 from agentenv.engines.base import SamplingParams  # noqa: E402
 from agentenv.engines.supervised import SupervisedEngine, rebuild_from_learner  # noqa: E402
 from agentenv.engines.transformers_engine import TransformersEngine  # noqa: E402
@@ -38,7 +37,8 @@ from agentenv.envs.python_tool.grading import Grader  # noqa: E402
 from agentenv.errors import EngineRebuilt, SandboxError  # noqa: E402
 from agentenv.faults import FAULTS, InjectedFault, reset_fault_points  # noqa: E402
 from agentenv.models import tiny_random_model  # noqa: E402
-from agentenv.rollout import RolloutConfig  # noqa: E402
+from agentenv.rollout.collector import RolloutCollector  # noqa: E402
+from agentenv.rollout.episode import RolloutConfig  # noqa: E402
 from agentenv.sandboxes import create_sandbox  # noqa: E402
 from tests.fakes import CharRenderer  # noqa: E402
 

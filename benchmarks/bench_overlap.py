@@ -31,7 +31,7 @@ from typing import Any, ClassVar
 import torch
 
 from agentenv.core import Env, StepResult
-from agentenv.rollout import Renderer
+from agentenv.rollout.episode import Renderer
 from agentenv.trainer import recipe, setup
 from agentenv.trainer import train as train_loop
 

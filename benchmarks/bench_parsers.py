@@ -20,7 +20,7 @@ import statistics
 import time
 from collections.abc import Callable
 
-from agentenv.tool_calls import _scan_json_object, get_tool_parser
+from agentenv.rollout.tool_calls import _scan_json_object, get_tool_parser
 
 Call = tuple[str, dict]
 

@@ -22,8 +22,8 @@ import time
 
 import numpy as np
 
-from agentenv.pool import TrajectoryPool
-from agentenv.staleness import StalenessConfig
+from agentenv.rollout.pool import TrajectoryPool
+from agentenv.rollout.staleness import StalenessConfig
 from agentenv.trajectory import Segment, Trajectory
 
 POLICIES = {

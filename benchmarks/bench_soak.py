@@ -1,6 +1,6 @@
 """Soak: 64 concurrent python_tool episodes for N minutes; memory, open files and child processes must not grow.
 
-A :class:`~agentenv.collector.RolloutCollector` keeps ``--concurrency`` episodes of the real
+A :class:`~agentenv.rollout.collector.RolloutCollector` keeps ``--concurrency`` episodes of the real
 ``PythonToolEnv`` in flight (real ``process`` sandbox workers, one started per episode, and the real
 math-verify grading workers), back to back, until ``--minutes`` have passed or ``--max-episodes``
 finished (whichever comes first; it stops by itself). The policy is scripted (two tool calls, ``x =
@@ -30,15 +30,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agentenv.collector import RolloutCollector  # noqa: E402
 from agentenv.engines.base import GenerationOutput, SamplingParams, TokenSpan  # noqa: E402
 from agentenv.envs.python_tool import PythonToolEnv  # noqa: E402
 from agentenv.envs.python_tool.datasets import MathProblem  # noqa: E402
 from agentenv.envs.python_tool.grading import Grader  # noqa: E402
 from agentenv.faults import FAULTS  # noqa: E402
-from agentenv.pool import TrajectoryPool  # noqa: E402
-from agentenv.rollout import RolloutConfig  # noqa: E402
-from agentenv.staleness import StalenessConfig  # noqa: E402
+from agentenv.rollout.collector import RolloutCollector  # noqa: E402
+from agentenv.rollout.episode import RolloutConfig  # noqa: E402
+from agentenv.rollout.pool import TrajectoryPool  # noqa: E402
+from agentenv.rollout.staleness import StalenessConfig  # noqa: E402
 from tests.fakes import EOT, CharRenderer  # noqa: E402
 
 SOAK_PROBLEM = MathProblem("soak/0", "What is 6 times 7?", "42", "soak")

@@ -28,7 +28,7 @@ async def measure(updates: int) -> dict:
     """The probe gaps (nats per token) at version 0, after a sync, and after a sync that did not take."""
     import torch
 
-    from agentenv.collector import RolloutCollector
+    from agentenv.rollout.collector import RolloutCollector
     from agentenv.trainer import setup
     from agentenv.trainer.recipe import parse_args
     from agentenv.trainer.sync_check import SyncCheck, sync_check

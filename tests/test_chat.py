@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from agentenv.chat import ChatRenderer
 from agentenv.errors import TemplateError
+from agentenv.rollout.chat import ChatRenderer
 from tests.smollm_tokenizer import smollm_tokenizer
 
 TEMPLATES = Path(__file__).resolve().parent / "chat_templates"

@@ -15,11 +15,11 @@ import json
 
 import pytest
 
-from agentenv.chat import ChatRenderer
 from agentenv.core import Env, StepResult
 from agentenv.engines.base import GenerationOutput, SamplingParams, TokenSpan
 from agentenv.errors import ConfigError
-from agentenv.rollout import RolloutConfig, run_episode, run_episode_samples
+from agentenv.rollout.chat import ChatRenderer
+from agentenv.rollout.episode import RolloutConfig, run_episode, run_episode_samples
 from tests.chat_assets import chat_template, hf_tokenizer
 
 TOOLS = (

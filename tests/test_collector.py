@@ -6,9 +6,9 @@ import asyncio
 
 import pytest
 
-from agentenv.collector import RolloutCollector, failure_reason
 from agentenv.errors import AgentEnvError, ConfigError, DataError
-from agentenv.rollout import RolloutConfig
+from agentenv.rollout.collector import RolloutCollector, failure_reason
+from agentenv.rollout.episode import RolloutConfig
 from agentenv.trajectory import Trajectory
 from tests.fakes import CharRenderer, CountdownEnv, ScriptedEngine
 

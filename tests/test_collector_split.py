@@ -12,12 +12,12 @@ import json
 import pytest
 
 import agentenv
-from agentenv.collector import RolloutCollector
 from agentenv.core import Env, StepResult
 from agentenv.engines.transformers_engine import TransformersEngine
 from agentenv.errors import ConfigError
-from agentenv.pool import TrajectoryPool
-from agentenv.rollout import RolloutConfig
+from agentenv.rollout.collector import RolloutCollector
+from agentenv.rollout.episode import RolloutConfig
+from agentenv.rollout.pool import TrajectoryPool
 from agentenv.trainer import recipe, setup
 from tests.agents.tiny import rewriting_renderer, tiny_smollm_lm
 from tests.smollm_tokenizer import smollm_tokenizer

@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from agentenv.collector import RolloutCollector
 from agentenv.errors import ConfigError
-from agentenv.rollout import RolloutConfig, episode_deadline, run_episode
+from agentenv.rollout.collector import RolloutCollector
+from agentenv.rollout.episode import RolloutConfig, episode_deadline, run_episode
 from tests.fakes import CharRenderer, CountdownEnv, ScriptedEngine
 
 

@@ -18,7 +18,7 @@ from agentenv.errors import EngineError
 from agentenv.eval_command import EvalArgs, main, parse_args
 from agentenv.evaluation import EvalConfig
 from agentenv.registration import EnvSpec
-from agentenv.rollout import RolloutConfig
+from agentenv.rollout.episode import RolloutConfig
 from tests.fakes import CharRenderer, ScriptedEngine
 from tests.tiny_env import RepeatNumberEnv
 

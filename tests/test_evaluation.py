@@ -23,7 +23,7 @@ from agentenv.evaluation import (
     run_jobs,
     write_report,
 )
-from agentenv.rollout import RolloutConfig
+from agentenv.rollout.episode import RolloutConfig
 from tests.fakes import CharRenderer, ScriptedEngine
 
 

@@ -1,12 +1,12 @@
-"""``agentenv.forced_lag``: which snapshot the engine gets after each update, by hand-computed versions."""
+"""``agentenv.rollout.forced_lag``: which snapshot the engine gets after each update, by hand-computed versions."""
 
 from __future__ import annotations
 
 import pytest
 
 from agentenv.errors import ConfigError, DataError
-from agentenv.forced_lag import LaggedWeights, Snapshot
-from agentenv.staleness import StalenessConfig
+from agentenv.rollout.forced_lag import LaggedWeights, Snapshot
+from agentenv.rollout.staleness import StalenessConfig
 
 
 def test_the_engine_gets_each_snapshot_k_versions_late():

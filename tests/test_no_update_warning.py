@@ -6,8 +6,8 @@ import asyncio
 import logging
 from types import SimpleNamespace
 
-from agentenv.collector import NoUpdateWatch, RolloutCollector
-from agentenv.rollout import RolloutConfig
+from agentenv.rollout.collector import NoUpdateWatch, RolloutCollector
+from agentenv.rollout.episode import RolloutConfig
 from agentenv.trainer.batch_wait import next_batch
 from tests.fakes import CharRenderer, CountdownEnv, FakeClock, ScriptedEngine
 
@@ -23,7 +23,7 @@ class StalledEnv(CountdownEnv):
 def test_the_watch_warns_after_every_s_and_again_each_every_s(caplog):
     clock = FakeClock()
     watch = NoUpdateWatch(300.0, lambda: "2 episodes in flight", clock)
-    with caplog.at_level(logging.WARNING, logger="agentenv.collector"):
+    with caplog.at_level(logging.WARNING, logger="agentenv.rollout.collector"):
         clock.now = 299.9
         watch.check("0 of 16 trajectories in the pool")
         assert watch.warnings == 0 and not caplog.records
@@ -60,7 +60,7 @@ async def test_the_training_loops_wait_for_a_batch_warns_while_an_environment_is
     stop = asyncio.Event()
     await collector.start()
     asyncio.get_running_loop().call_later(0.7, stop.set)
-    with caplog.at_level(logging.WARNING, logger="agentenv.collector"):
+    with caplog.at_level(logging.WARNING, logger="agentenv.rollout.collector"):
         got = await asyncio.wait_for(next_batch([], SimpleNamespace(version=0), cfg, stop, print, collector), 10)
     await collector.close()
     assert got is None
@@ -73,7 +73,7 @@ async def test_synchronous_collection_warns_while_an_environment_is_stuck(caplog
     collector = RolloutCollector(StalledEnv, ScriptedEngine(["hm"]), CharRenderer(), RolloutConfig(),
                                  lambda t: None, concurrency=1)
     collector.no_update_warning_s = 0.2
-    with caplog.at_level(logging.WARNING, logger="agentenv.collector"):
+    with caplog.at_level(logging.WARNING, logger="agentenv.rollout.collector"):
         task = asyncio.ensure_future(collector.collect(1))
         await asyncio.sleep(0.5)
         task.cancel()

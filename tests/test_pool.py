@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from agentenv.errors import ConfigError, DataError
-from agentenv.pool import LENGTH_BINS, TrajectoryPool, length_bin, rejection_by_length
-from agentenv.staleness import StalenessConfig
+from agentenv.rollout.pool import LENGTH_BINS, TrajectoryPool, length_bin, rejection_by_length
+from agentenv.rollout.staleness import StalenessConfig
 from agentenv.trajectory import Trajectory
 
 

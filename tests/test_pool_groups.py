@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from agentenv.errors import ConfigError, DataError
-from agentenv.pool import TrajectoryPool
-from agentenv.staleness import StalenessConfig
+from agentenv.rollout.pool import TrajectoryPool
+from agentenv.rollout.staleness import StalenessConfig
 from agentenv.trajectory import Trajectory
 
 pytestmark = pytest.mark.timeout(60)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from agentenv.errors import ConfigError
-from agentenv.rollout import RolloutConfig, run_episode
+from agentenv.rollout.episode import RolloutConfig, run_episode
 from tests.fakes import EOT, CharRenderer, CountdownEnv, ScriptedEngine
 
 

@@ -6,11 +6,11 @@ import asyncio
 
 import pytest
 
-from agentenv.collector import RolloutCollector
 from agentenv.engines.base import derive_seed
 from agentenv.engines.transformers_engine import TransformersEngine
 from agentenv.models import tiny_random_model
-from agentenv.rollout import Renderer, RolloutConfig, run_episode_samples
+from agentenv.rollout.collector import RolloutCollector
+from agentenv.rollout.episode import Renderer, RolloutConfig, run_episode_samples
 from tests.fakes import CountdownEnv
 
 pytestmark = pytest.mark.timeout(120)

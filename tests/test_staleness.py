@@ -1,4 +1,4 @@
-"""Hand-computed checks of the PACE maths in agentenv.staleness (docs/algorithms.md, "PACE")."""
+"""Hand-computed checks of the PACE maths in agentenv.rollout.staleness (docs/algorithms.md, "PACE")."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from agentenv.errors import ConfigError, DataError
-from agentenv.staleness import (
+from agentenv.rollout.staleness import (
     StalenessConfig,
     effective_staleness,
     excess,

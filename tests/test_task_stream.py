@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from agentenv.errors import DataError
-from agentenv.task_stream import TaskStream
+from agentenv.rollout.task_stream import TaskStream
 
 
 def test_members_of_the_oldest_open_group_come_before_a_new_task():

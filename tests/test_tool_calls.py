@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agentenv.tool_calls import HermesToolCallParser, ToolCall, ToolCallParser
+from agentenv.rollout.tool_calls import HermesToolCallParser, ToolCall, ToolCallParser
 
 P = HermesToolCallParser()
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from agentenv.chat import ChatRenderer
 from agentenv.errors import ConfigError
-from agentenv.tool_calls import (
+from agentenv.rollout.chat import ChatRenderer
+from agentenv.rollout.tool_calls import (
     TOOL_PARSERS,
     HermesToolCallParser,
     ToolCall,
@@ -309,7 +309,7 @@ def test_no_parser_raises_on_fragments(name: str, text: str) -> None:
 def test_python_tool_takes_a_parser_by_name() -> None:
     from agentenv.envs.python_tool import PythonToolEnv
     from agentenv.envs.python_tool.datasets import MathProblem
-    from agentenv.tool_formats import Qwen3ToolCallParser
+    from agentenv.rollout.tool_formats import Qwen3ToolCallParser
 
     problems = [MathProblem("t/0", "What is 2 to the power 10?", "1024", "t")]
     assert isinstance(PythonToolEnv(problems=problems, tool_parser="qwen3").parser, Qwen3ToolCallParser)

@@ -8,7 +8,7 @@ import pytest
 
 from agentenv.core import StepResult
 from agentenv.engines.base import GenerationOutput, TokenSpan
-from agentenv.rollout import RolloutConfig, is_token_budget_cut, run_episode, turn_ending
+from agentenv.rollout.episode import RolloutConfig, is_token_budget_cut, run_episode, turn_ending
 from tests.fakes import EOT, CharRenderer, CountdownEnv, ScriptedEngine
 
 
@@ -79,7 +79,7 @@ async def test_cut_reply_is_played_by_an_env_that_acts_and_the_turn_is_closed():
 
 
 def test_a_renderer_inherits_the_protocol_defaults():
-    renderer = CharRenderer()  # subclasses agentenv.rollout.Renderer and declares neither member
+    renderer = CharRenderer()  # subclasses agentenv.rollout.episode.Renderer and declares neither member
     assert (renderer.end_of_turn_id, renderer.tool_parser_name) == (EOT, None)
 
 

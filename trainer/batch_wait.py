@@ -7,10 +7,10 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from agentenv.collector import RolloutCollector
 from agentenv.engines.busy import BusyClock
 from agentenv.errors import AgentEnvError
-from agentenv.pool import BatchSelection, TrajectoryPool
+from agentenv.rollout.collector import RolloutCollector
+from agentenv.rollout.pool import BatchSelection, TrajectoryPool
 from agentenv.trainer.config import TrainConfig
 from agentenv.trainer.learners.contract import PolicyLearner
 from agentenv.trajectory import Trajectory
@@ -24,7 +24,7 @@ def failure_limit(concurrency: int) -> int:
     Counted by the collector in completion order: failed episodes (retries included), errors handing
     a trajectory to the pool, and crashed workers; a good episode resets the count. A broken
     environment, sandbox or engine reaches it within a few hundred episodes; intermittent failures
-    (say 30%) practically never do (the rule and its numbers: :mod:`agentenv.collector`).
+    (say 30%) practically never do (the rule and its numbers: :mod:`agentenv.rollout.collector`).
     """
     return max(16, 4 * concurrency)
 

@@ -3,7 +3,7 @@
 A recipe file (``recipes/<name>.yaml``) is a saved :class:`TrainConfig`; every value can be
 overridden from the command line (``--optim.lr 1e-5`` or ``optim.lr=1e-5``). Each section's defaults live
 in its class; a section that code outside training reads lives beside that code: ``model``
-(:class:`~agentenv.engines.build.ModelConfig`), ``rollout`` (:class:`~agentenv.rollout.RolloutConfig`),
+(:class:`~agentenv.engines.build.ModelConfig`), ``rollout`` (:class:`~agentenv.rollout.episode.RolloutConfig`),
 ``eval`` (:class:`~agentenv.evaluation.EvalConfig`).
 """
 
@@ -12,12 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from agentenv.collector import MAX_RETRIES
 from agentenv.engines.build import ModelConfig
 from agentenv.errors import ConfigError
 from agentenv.evaluation import EvalConfig
-from agentenv.rollout import RolloutConfig
-from agentenv.staleness import StalenessConfig
+from agentenv.rollout.collector import MAX_RETRIES
+from agentenv.rollout.episode import RolloutConfig
+from agentenv.rollout.staleness import StalenessConfig
 from agentenv.step_latency import StepLatencyConfig
 from agentenv.trainer.learners.config import LearnerConfig, ObjectiveConfig, OptimConfig
 from agentenv.trainer.lr_schedule import decay_length, warmup_length
@@ -72,14 +72,14 @@ class RunConfig:
 
     An episode that failed for reasons outside the policy (engine, environment or template error, no
     policy token) never enters a batch; its task is replayed up to
-    :data:`agentenv.collector.MAX_RETRIES` (2) times, then dropped (``episodes/dropped_tasks``); under
+    :data:`agentenv.rollout.collector.MAX_RETRIES` (2) times, then dropped (``episodes/dropped_tasks``); under
     GRPO per group member, and a dropped task drops its group. Rollouts per task are
     ``objective.grpo_group_size`` under ``objective.name: grpo``, else 1 (one rollout per prompt).
     """
 
     FIXED_FIELDS: ClassVar[dict[str, tuple[object, str]]] = {
         "max_task_retries": (MAX_RETRIES, "replays of a task whose episode failed outside the policy, "
-                                          "agentenv.collector.MAX_RETRIES"),
+                                          "agentenv.rollout.collector.MAX_RETRIES"),
         "mode": ("async", "staleness.policy=sync alternates generation and training, every other policy "
                           "overlaps them")}
 

@@ -16,13 +16,13 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from agentenv.chat import ChatRenderer
 from agentenv.core import Demonstration
 from agentenv.errors import TemplateError
-from agentenv.rollout import ConversationRenderer
-from agentenv.tool_calls import get_tool_parser
+from agentenv.rollout.chat import ChatRenderer
+from agentenv.rollout.episode import ConversationRenderer
+from agentenv.rollout.tool_calls import get_tool_parser
 
-#: Chat template families (:data:`agentenv.tool_calls.TOOL_PARSERS`) a demonstration's tool calls are
+#: Chat template families (:data:`agentenv.rollout.tool_calls.TOOL_PARSERS`) a demonstration's tool calls are
 #: written for; ``harmony`` (gpt-oss) is refused: its replies are channel messages, not call text.
 DEMONSTRATION_FAMILIES = ("hermes", "qwen25", "qwen3", "llama3_json", "deepseek", "mistral")
 
@@ -82,7 +82,7 @@ def render_demonstration(
 ) -> tuple[list[int], list[int]]:
     """Token ids and loss mask of one demonstration, laid out exactly as a rollout of its replies would be.
 
-    With a renderer that keeps the conversation (:class:`agentenv.rollout.ConversationRenderer`),
+    With a renderer that keeps the conversation (:class:`agentenv.rollout.episode.ConversationRenderer`),
     the transcript is built as the rollout builds an episode: the replies as the model's ids, each
     observation rendered against the real history (so templates that rewrite earlier turns, Qwen3's,
     work too), each reply opening with what the template writes before an assistant answer (Qwen3's

@@ -19,12 +19,12 @@ from typing import TYPE_CHECKING, Any
 
 from agentenv.core import Env, TaskSet
 from agentenv.evaluation import EpisodeJob, EpisodeResult, env_tasks, make_jobs, run_jobs
-from agentenv.rollout import run_episode
+from agentenv.rollout.episode import run_episode
 from agentenv.trainer.config import TrainConfig
 
 if TYPE_CHECKING:
-    from agentenv.chat import ChatRenderer
     from agentenv.engines.base import GenerationEngine
+    from agentenv.rollout.chat import ChatRenderer
 
 
 @dataclass(frozen=True)

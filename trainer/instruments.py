@@ -6,7 +6,7 @@
 - **busy clocks** (:class:`agentenv.trainer.overlap.LoopBusy`): the seconds the engine, the
   environments and the learner were busy since the update loop began (``busy/*`` in every metrics
   row; the summary's ``overlap/*``);
-- **a forced policy lag** (``staleness.forced_lag = k``, :mod:`agentenv.forced_lag`): the engine
+- **a forced policy lag** (``staleness.forced_lag = k``, :mod:`agentenv.rollout.forced_lag`): the engine
   serves the learner's weights k versions late;
 - **a wall-clock budget** (``loop_seconds``: ``agentenv study``'s equal wall-clock time): when it
   is spent the loop ends after the update at hand;
@@ -26,8 +26,8 @@ from typing import Any
 
 from agentenv.engines.busy import BusyClock
 from agentenv.faults import FAULTS
-from agentenv.forced_lag import LaggedWeights, Snapshot
-from agentenv.pool import BatchSelection
+from agentenv.rollout.forced_lag import LaggedWeights, Snapshot
+from agentenv.rollout.pool import BatchSelection
 from agentenv.trainer.config import TrainConfig
 from agentenv.trainer.learners.contract import PolicyLearner
 from agentenv.trainer.overlap import LoopBusy

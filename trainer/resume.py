@@ -7,9 +7,9 @@ with the learner's version:
 
 * ``pool``: the completed trajectories waiting for a batch, each with its tokens, behaviour
   log-probabilities, segments (``version``, ``prefix_version``) and completion version; PACE's
-  smoothed rate and the decision counter (:meth:`agentenv.pool.TrajectoryPool.state_dict`);
+  smoothed rate and the decision counter (:meth:`agentenv.rollout.pool.TrajectoryPool.state_dict`);
 * ``collector``: the task stream: the next fresh seed (the data set's position), the tasks in flight,
-  the requeued ones (:meth:`agentenv.collector.RolloutCollector.state_dict`);
+  the requeued ones (:meth:`agentenv.rollout.collector.RolloutCollector.state_dict`);
 * ``logs``: the length in bytes of ``metrics.jsonl``, ``staleness.jsonl`` and ``decisions.jsonl``;
 * ``identity``: model, environment and its arguments, objective, group size and the run folder's id
   (``run.json``);

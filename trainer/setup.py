@@ -13,14 +13,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 from tqdm.auto import tqdm
 
-from agentenv.chat import ChatRenderer
 from agentenv.configio import to_dict
 from agentenv.core import Env, has_scripted_demonstrations
 from agentenv.engines.supervised import rebuild_from_learner
 from agentenv.errors import ConfigError
 from agentenv.paths import cache_dir
 from agentenv.registration import checked_arguments, make, spec
-from agentenv.rollout import is_token_budget_cut
+from agentenv.rollout.chat import ChatRenderer
+from agentenv.rollout.episode import is_token_budget_cut
 from agentenv.step_latency import StepLatency
 from agentenv.trainer.config import TrainConfig
 from agentenv.trainer.demonstrations import render_demonstration
@@ -30,9 +30,9 @@ from agentenv.trainer.warmup import WARMUP_EXAMPLES, WARMUP_SEED
 from agentenv.trajectory import Trajectory
 
 if TYPE_CHECKING:
-    from agentenv.collector import RolloutCollector
     from agentenv.engines.base import GenerationEngine
-    from agentenv.pool import BatchSelection, TrajectoryPool
+    from agentenv.rollout.collector import RolloutCollector
+    from agentenv.rollout.pool import BatchSelection, TrajectoryPool
     from agentenv.trainer.learners.update_step import UpdateStats
 
 logger = logging.getLogger(__name__)
@@ -109,7 +109,7 @@ def default_env_kwargs(cfg: TrainConfig, renderer: ChatRenderer | None) -> dict[
     """Constructor arguments the trainer fills from the model: ``{"tool_parser": NAME}`` or ``{}``.
 
     ``NAME`` is ``renderer.tool_parser_name`` (the parser the chat template's call syntax implies,
-    :func:`agentenv.tool_calls.parser_for_template`), given as
+    :func:`agentenv.rollout.tool_calls.parser_for_template`), given as
     :func:`agentenv.registration.tool_parser_argument` decides; a remote env (the server owns its
     arguments), no renderer, or a template that implies no parser give ``{}``.
     """

@@ -26,7 +26,7 @@ import torch
 
 from agentenv.engines.base import GenerationEngine, SamplingParams
 from agentenv.errors import AgentEnvError, EngineError
-from agentenv.rollout import append_output
+from agentenv.rollout.episode import append_output
 from agentenv.trainer.config import TrainConfig
 from agentenv.trainer.learners.contract import PolicyLearner
 from agentenv.trajectory import Trajectory

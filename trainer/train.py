@@ -35,15 +35,15 @@ from typing import IO, Any
 import torch
 import yaml
 
-from agentenv.chat import ChatRenderer
-from agentenv.collector import RolloutCollector
 from agentenv.configio import to_dict
 from agentenv.engines.base import GenerationEngine
 from agentenv.engines.busy import BusyClock, BusyTrackingEngine
 from agentenv.engines.supervised import SupervisedEngine
 from agentenv.faults import FAULTS
 from agentenv.malloc import HeapTrimmer
-from agentenv.pool import BatchSelection, TrajectoryPool, rejection_by_length
+from agentenv.rollout.chat import ChatRenderer
+from agentenv.rollout.collector import RolloutCollector
+from agentenv.rollout.pool import BatchSelection, TrajectoryPool, rejection_by_length
 from agentenv.trainer import setup
 from agentenv.trainer.batch_wait import failure_limit, next_batch
 from agentenv.trainer.checkpoint import CheckpointManager

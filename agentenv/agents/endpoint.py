@@ -36,11 +36,11 @@ from typing import TYPE_CHECKING, Any
 from agentenv.agents import responses_api
 from agentenv.agents.session import AgentSession, OpenAIError
 from agentenv.engines.base import GenerationEngine
-from agentenv.rollout import RolloutConfig
+from agentenv.rollout.episode import RolloutConfig
 
 if TYPE_CHECKING:
-    from agentenv.chat import ChatRenderer
-    from agentenv.tool_calls import ToolCallParser
+    from agentenv.rollout.chat import ChatRenderer
+    from agentenv.rollout.tool_calls import ToolCallParser
 
 logger = logging.getLogger(__name__)
 

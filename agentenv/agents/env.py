@@ -46,13 +46,13 @@ from agentenv.agents.endpoint import DEFAULT_MODEL, AgentEndpoint
 from agentenv.agents.session import finish_samples
 from agentenv.core import Env, StepResult, TaskSet
 from agentenv.errors import AgentEnvError, ConfigError
-from agentenv.rollout import RolloutConfig
+from agentenv.rollout.episode import RolloutConfig
 from agentenv.trajectory import Trajectory
 
 if TYPE_CHECKING:
-    from agentenv.chat import ChatRenderer
     from agentenv.engines.base import GenerationEngine
-    from agentenv.tool_calls import ToolCallParser
+    from agentenv.rollout.chat import ChatRenderer
+    from agentenv.rollout.tool_calls import ToolCallParser
 
 #: Characters of a failed script's stderr kept in ``info["error"]``.
 _STDERR_TAIL = 2000
@@ -112,7 +112,7 @@ class AgentEnv(Env[str, str]):
         tasks: The tasks (strings or JSON values; a dict's ``"id"`` names it), a ``"module:name"`` of
             such a list, or None: the task is the episode's seed. Task ``seed % len(tasks)`` is played,
             ``reset(options={"task": i})`` plays task ``i`` (held-out evaluation).
-        tool_parser: The tool-call parser's registered name (``agentenv.tool_calls``); None: the one
+        tool_parser: The tool-call parser's registered name (``agentenv.rollout.tool_calls``); None: the one
             the chat template implies (the trainer fills it from the template), else ``hermes``.
         models: Model names the agent may ask for (its hard-coded name, e.g. ``"gpt-4o-mini"``);
             the first is the one it is told (``ctx.model``, ``AGENTENV_MODEL``).
@@ -148,7 +148,7 @@ class AgentEnv(Env[str, str]):
         self.task_list = None if tasks is None else list(tasks() if callable(tasks) else tasks)
         if self.task_list is not None and not self.task_list:
             raise ConfigError("AgentEnv tasks is empty")
-        from agentenv.tool_calls import get_tool_parser
+        from agentenv.rollout.tool_calls import get_tool_parser
 
         self.tool_parser = tool_parser
         self._parser = get_tool_parser(tool_parser) if tool_parser else None
@@ -210,7 +210,7 @@ class AgentEnv(Env[str, str]):
 
     def _parser_for(self, renderer: ChatRenderer) -> ToolCallParser:
         if self._parser is None:
-            from agentenv.tool_calls import get_tool_parser
+            from agentenv.rollout.tool_calls import get_tool_parser
 
             self._parser = get_tool_parser(renderer.tool_parser_name or "hermes")
         return self._parser
@@ -220,7 +220,7 @@ class AgentEnv(Env[str, str]):
                            version_fn: Callable[[], int] | None = None) -> list[Trajectory]:
         """Run the agent on one task through the endpoint; return the episode's samples, scored.
 
-        Called by :func:`agentenv.rollout.run_episode_samples`. Never raises for the agent's or the
+        Called by :func:`agentenv.rollout.episode.run_episode_samples`. Never raises for the agent's or the
         reward's failures: they make the episode ``status="error"`` (``info["error"]``), which the
         collector replays. An agent that failed because the episode's token budget was spent (its
         request was refused) ends ``completed`` with ``info["truncation"]`` and reward 0.

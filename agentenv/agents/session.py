@@ -35,13 +35,13 @@ from typing import TYPE_CHECKING, Any
 from agentenv.agents.openai_format import Choice, ServedReply, logprobs_content
 from agentenv.engines.base import GenerationEngine, GenerationOutput, SamplingParams
 from agentenv.errors import EngineError, TemplateError
-from agentenv.rollout import TOKEN_BUDGET_ENDINGS, RolloutConfig, append_output, turn_ending
-from agentenv.tool_calls import ForcedCallParser
+from agentenv.rollout.episode import TOKEN_BUDGET_ENDINGS, RolloutConfig, append_output, turn_ending
+from agentenv.rollout.tool_calls import ForcedCallParser
 from agentenv.trajectory import Trajectory
 
 if TYPE_CHECKING:
-    from agentenv.chat import ChatRenderer
-    from agentenv.tool_calls import ToolCallParser
+    from agentenv.rollout.chat import ChatRenderer
+    from agentenv.rollout.tool_calls import ToolCallParser
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
@@ -306,9 +306,9 @@ class AgentSession:
     Args:
         session_id: The key the agent sends (its API key).
         engine: Generates the replies.
-        renderer: The policy's :class:`~agentenv.chat.ChatRenderer`.
+        renderer: The policy's :class:`~agentenv.rollout.chat.ChatRenderer`.
         cfg: Budgets (per reply, per episode), sampling and ``on_prefix_violation``.
-        parser: Reads tool calls out of reply text (``agentenv.tool_calls``).
+        parser: Reads tool calls out of reply text (``agentenv.rollout.tool_calls``).
         version_fn: The learner's policy version (a sample's start version).
 
     Attributes:

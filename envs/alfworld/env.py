@@ -162,7 +162,7 @@ class AlfWorldEnv(Env[str, str]):
 
         Expected: :attr:`expected_reset_s` + ``max_steps`` x :attr:`expected_turn_s` (252 s for the
         papers' 50 commands; the deadline 2520 s). ``rollout.episode_deadline_s`` overrides it
-        (:func:`agentenv.rollout.episode_deadline`).
+        (:func:`agentenv.rollout.episode.episode_deadline`).
         """
         return 10 * (self.expected_reset_s + self.max_steps * self.expected_turn_s)
 

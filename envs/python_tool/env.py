@@ -13,8 +13,8 @@ from agentenv.envs.python_tool.grading import Grader, default_grader
 from agentenv.envs.python_tool.tool import PYTHON_TOOL_SCHEMA, SYSTEM_PROMPT, check_arguments, format_result
 from agentenv.errors import ClosedError, ConfigError, DataError, GradingError, ResetNeeded
 from agentenv.faults import fault_point
+from agentenv.rollout.tool_calls import HermesToolCallParser, ToolCallError, ToolCallParser, get_tool_parser
 from agentenv.sandboxes import SandboxLimits, create_sandbox_pool
-from agentenv.tool_calls import HermesToolCallParser, ToolCallError, ToolCallParser, get_tool_parser
 
 INSTRUCTION = "\n\nPut your final answer within \\boxed{}."
 
@@ -49,11 +49,11 @@ class PythonToolEnv(Env[str, str]):
             its own pool of ``pool_size`` on first use and closes it in :meth:`close`.
         pool_size: Warm sandboxes of the env's own pool.
         tool_parser: Tool-call parser, or the name of a registered one (``"qwen3"``, ``"llama3_json"``,
-            ... :data:`agentenv.tool_calls.TOOL_PARSERS`; ``parser_for_template`` names the one a chat
-            template implies); default :class:`~agentenv.tool_calls.HermesToolCallParser`.
+            ... :data:`agentenv.rollout.tool_calls.TOOL_PARSERS`; ``parser_for_template`` names the one a chat
+            template implies); default :class:`~agentenv.rollout.tool_calls.HermesToolCallParser`.
         trailing_text: What the default parser does with text after a reply's last ``</tool_call>``:
             ``"ignore"`` it (default) or make the reply one malformed call (``"error"``; the CPU
-            recipe's choice, see :class:`~agentenv.tool_calls.HermesToolCallParser`). Only with the
+            recipe's choice, see :class:`~agentenv.rollout.tool_calls.HermesToolCallParser`). Only with the
             hermes parser built from a name (``None``, ``"hermes"``, ``"qwen25"``).
         problems: An explicit problem list; overrides ``dataset``.
         max_problem_chars: Keep only problems at most this many characters long (None keeps all),
@@ -149,7 +149,7 @@ class PythonToolEnv(Env[str, str]):
 
         Expected: ``max_turns`` x :attr:`expected_turn_s` + ``grade_timeout_s`` (65 s with the
         defaults; the deadline 650 s). ``rollout.episode_deadline_s`` overrides it
-        (:func:`agentenv.rollout.episode_deadline`).
+        (:func:`agentenv.rollout.episode.episode_deadline`).
         """
         return 10 * (self.max_turns * self.expected_turn_s + self.grade_timeout_s)
 

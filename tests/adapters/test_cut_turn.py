@@ -7,7 +7,7 @@ import gymnasium
 import pytest
 
 import agentenv
-from agentenv.rollout import RolloutConfig, run_episode
+from agentenv.rollout.episode import RolloutConfig, run_episode
 from tests.adapters.test_gym_env import GYM_ID, SpellBackEnv
 from tests.fakes import CharRenderer, ScriptedEngine
 

@@ -12,7 +12,7 @@ from pydantic_ai import Agent
 from pydantic_ai.models.openai import OpenAIChatModel
 from pydantic_ai.providers.openai import OpenAIProvider
 
-from agentenv.rollout import RolloutConfig
+from agentenv.rollout.episode import RolloutConfig
 from tests.agents.test_endpoint import assert_exact
 from tests.agents.test_endpoint_stream import MODEL, ScriptedReplies, served
 from tests.agents.tiny import tool_renderer

@@ -17,8 +17,8 @@ import pytest
 from agentenv.agents import AgentEndpoint, AgentEnv
 from agentenv.engines.transformers_engine import TransformersEngine
 from agentenv.errors import ConfigError
-from agentenv.rollout import RolloutConfig, run_episode_samples
-from agentenv.tool_calls import get_tool_parser
+from agentenv.rollout.episode import RolloutConfig, run_episode_samples
+from agentenv.rollout.tool_calls import get_tool_parser
 from tests.agents import calc_agent
 from tests.agents.tiny import tiny_smollm_lm, tool_renderer
 from tests.smollm_tokenizer import smollm_tokenizer

@@ -18,8 +18,8 @@ from agentenv.agents.openai_format import ServedReply, text_pieces
 from agentenv.agents.session import normalize_messages
 from agentenv.engines.base import GenerationOutput, SamplingParams, TokenSpan
 from agentenv.engines.transformers_engine import TransformersEngine
-from agentenv.rollout import RolloutConfig
-from agentenv.tool_calls import get_tool_parser
+from agentenv.rollout.episode import RolloutConfig
+from agentenv.rollout.tool_calls import get_tool_parser
 from tests.agents.test_endpoint import assert_exact
 from tests.agents.tiny import tiny_smollm_lm, tool_renderer
 from tests.smollm_tokenizer import smollm_tokenizer

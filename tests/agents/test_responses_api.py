@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from agentenv.agents.responses_api import chat_messages
-from agentenv.rollout import RolloutConfig
+from agentenv.rollout.episode import RolloutConfig
 from tests.agents.test_endpoint import assert_exact
 from tests.agents.test_endpoint_stream import MODEL, ScriptedReplies, served
 from tests.agents.tiny import tool_renderer

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import torch
 
-from agentenv.chat import ChatRenderer
 from agentenv.models import chat_template
+from agentenv.rollout.chat import ChatRenderer
 from tests.smollm_tokenizer import smollm_tokenizer
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "chat_templates"

@@ -13,7 +13,7 @@ from typing import ClassVar
 from agentenv.core import Env, StepResult
 from agentenv.engines.base import GenerationOutput, SamplingParams, TokenSpan
 from agentenv.errors import EngineError, ResetNeeded
-from agentenv.rollout import Renderer
+from agentenv.rollout.episode import Renderer
 
 EOT = 1000
 

@@ -20,10 +20,10 @@ import pytest
 
 import agentenv
 from agentenv.checker import check_env
-from agentenv.collector import failure_reason
 from agentenv.errors import ConfigError, RemoteEnvError, ResetNeeded
 from agentenv.remote import RemoteEnv
-from agentenv.rollout import RolloutConfig, run_episode
+from agentenv.rollout.collector import failure_reason
+from agentenv.rollout.episode import RolloutConfig, run_episode
 from tests.fakes import CharRenderer, ScriptedEngine
 from tests.remote.serving import GUESS_NUMBER_ID, running
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from agentenv.engines.supervised import rebuild_from_learner
-from agentenv.pool import LENGTH_BINS
+from agentenv.rollout.pool import LENGTH_BINS
 from agentenv.trainer import recipe
 from agentenv.trainer import train as train_loop
 from agentenv.trainer.setup import LoopParts

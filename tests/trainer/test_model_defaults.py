@@ -7,9 +7,9 @@ import pytest
 
 import agentenv
 from agentenv import eval_command
-from agentenv.chat import ChatRenderer
 from agentenv.errors import ConfigError
 from agentenv.models import chat_template
+from agentenv.rollout.chat import ChatRenderer
 from agentenv.trainer import recipe, setup
 from tests.agents.tiny import tiny_smollm_lm, tool_renderer
 from tests.fakes import CharRenderer

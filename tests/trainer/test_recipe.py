@@ -179,7 +179,7 @@ async def test_a_run_whose_episodes_all_fail_stops_with_the_error():
     from agentenv.trainer.batch_wait import failure_limit, next_batch
 
     cfg, _ = parse_args(["run.concurrency=2"])
-    from agentenv.collector import NoUpdateWatch
+    from agentenv.rollout.collector import NoUpdateWatch
 
     collector = SimpleNamespace(failure_streak=failure_limit(2), last_error="sandbox: no such image",
                                 no_update_watch=lambda: NoUpdateWatch(300.0, lambda: "no episodes"))

@@ -16,10 +16,10 @@ from dataclasses import replace
 
 import pytest
 
-from agentenv.collector import RolloutCollector
 from agentenv.errors import CheckpointError, DataError, RunFolderError
-from agentenv.pool import TrajectoryPool
-from agentenv.rollout import RolloutConfig
+from agentenv.rollout.collector import RolloutCollector
+from agentenv.rollout.episode import RolloutConfig
+from agentenv.rollout.pool import TrajectoryPool
 from agentenv.trainer import recipe
 from agentenv.trainer import train as train_loop
 from tests.fakes import CharRenderer, CountdownEnv, ScriptedEngine

@@ -17,7 +17,7 @@ import torch
 from agentenv.engines.base import SamplingParams
 from agentenv.engines.sampling import SamplingTransform
 from agentenv.errors import ConfigError
-from agentenv.rollout import RolloutConfig
+from agentenv.rollout.episode import RolloutConfig
 from agentenv.trainer.learners.config import LearnerConfig, OptimConfig
 from agentenv.trainer.learners.single import Learner
 from agentenv.trainer.trust_gate import bernoulli_kl_gate

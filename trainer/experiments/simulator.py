@@ -12,7 +12,7 @@ What is modelled (all times in seconds, lengths in tokens, versions in optimizer
   with ``n`` sequences takes ``decode_base_s + decode_per_seq_s * n`` seconds (batched decoding: a
   fixed cost to read the weights, a cost per sequence for its KV cache; simulated exactly with a
   virtual clock).
-* The learner takes a batch of ``batch_size`` from a real :class:`~agentenv.pool.TrajectoryPool`,
+* The learner takes a batch of ``batch_size`` from a real :class:`~agentenv.rollout.pool.TrajectoryPool`,
   trains for ``train_step_s``, then the version increments and the weights go to the engine:
   generation pauses ``weight_sync_s`` and every in-flight sequence is interrupted at a token boundary
   and continues under the new version with its KV cache kept (KEEP mode: the new segment's
@@ -51,8 +51,8 @@ from typing import Any, Literal, get_args
 import numpy as np
 
 from agentenv.errors import ConfigError
-from agentenv.pool import TrajectoryPool
-from agentenv.staleness import StalenessConfig
+from agentenv.rollout.pool import TrajectoryPool
+from agentenv.rollout.staleness import StalenessConfig
 from agentenv.trainer.experiments.sim_result import SimResult, format_table
 from agentenv.trajectory import Segment, Trajectory
 

@@ -71,7 +71,7 @@ def loss_constant(cfg: TrainConfig) -> int | None:
     """``K`` of ``objective.loss_aggregation: constant`` (policy tokens), None under any other aggregation.
 
     ``K`` is the rollout's policy-token budget per trajectory
-    (:attr:`agentenv.rollout.RolloutConfig.policy_token_budget`).
+    (:attr:`agentenv.rollout.episode.RolloutConfig.policy_token_budget`).
     """
     return cfg.rollout.policy_token_budget if cfg.objective.loss_aggregation == "constant" else None
 

@@ -126,7 +126,7 @@ class ObjectiveConfig:
             ``T_i``, then averaged over B, so a long failed trajectory is not down-weighted per token;
             ``agentenv study loss_normaliser``). ``K`` is the rollout's policy-token budget per
             trajectory, ``min(rollout.max_turns * rollout.max_new_tokens_per_turn,
-            rollout.max_total_tokens)`` (:attr:`agentenv.rollout.RolloutConfig.policy_token_budget`),
+            rollout.max_total_tokens)`` (:attr:`agentenv.rollout.episode.RolloutConfig.policy_token_budget`),
             given to the learner when it is built. GRPO is always token-mean (``"constant"`` is
             refused there).
         is_truncation: FlashREINFORCE only: truncated importance sampling (unrelated to ``truncation``,
@@ -140,7 +140,7 @@ class ObjectiveConfig:
             no gradient, only the better-than-average ones are reinforced. Off by default; the ablation
             of the FlashREINFORCE paper's signed-feedback claim (``agentenv study signed_feedback``).
         truncation: What a trajectory ended by a token budget (per turn, total or context;
-            :func:`agentenv.rollout.is_token_budget_cut`) does in the loss. ``"keep"`` (default):
+            :func:`agentenv.rollout.episode.is_token_budget_cut`) does in the loss. ``"keep"`` (default):
             it keeps its reward like any other row (environments never grade a cut reply unless
             they ask to, so it usually holds 0 and teaches brevity). ``"mask"``: it gets advantage 0
             and is left out of the batch-mean baseline (DAPO's overlong filtering, arXiv 2503.14476

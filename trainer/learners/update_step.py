@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from agentenv.errors import ConfigError, DataError
-from agentenv.rollout import is_token_budget_cut
+from agentenv.rollout.episode import is_token_budget_cut
 from agentenv.trainer.advantages import batch_mean_advantages, group_advantages, masked_batch_mean_advantages
 from agentenv.trainer.batching import PolicyBatch, build_batch
 from agentenv.trainer.learners.config import TRUNCATION_PENALTY

@@ -16,12 +16,12 @@ import pytest
 
 pytest.importorskip("alfworld", reason="the alfworld package is not installed (scripts/install_alfworld.sh)")
 
-from agentenv.chat import ChatRenderer  # noqa: E402
 from agentenv.engines.base import GenerationOutput, TokenSpan  # noqa: E402
 from agentenv.eval_command import DEFAULT_MAX_STEPS, EvalArgs  # noqa: E402
 from agentenv.evaluation import make_jobs, model_agent  # noqa: E402
 from agentenv.registration import make  # noqa: E402
-from agentenv.rollout import RolloutConfig  # noqa: E402
+from agentenv.rollout.chat import ChatRenderer  # noqa: E402
+from agentenv.rollout.episode import RolloutConfig  # noqa: E402
 
 pytestmark = pytest.mark.alfworld
 

@@ -13,16 +13,16 @@ import random
 
 import pytest
 
-from agentenv.chat import ChatRenderer
 from agentenv.engines.base import GenerationOutput, SamplingParams, TokenSpan
 from agentenv.envs.python_tool import PythonToolEnv
 from agentenv.envs.python_tool.datasets import MathProblem
 from agentenv.envs.python_tool.demonstrations import scripted_problem
 from agentenv.envs.python_tool.grading import Grader
 from agentenv.errors import TemplateError
-from agentenv.rollout import RolloutConfig, run_episode
+from agentenv.rollout.chat import ChatRenderer
+from agentenv.rollout.episode import RolloutConfig, run_episode
+from agentenv.rollout.tool_calls import TOOL_PARSERS, get_tool_parser
 from agentenv.sandboxes import ExecResult, ExecStatus
-from agentenv.tool_calls import TOOL_PARSERS, get_tool_parser
 from agentenv.trainer.demonstrations import DEMONSTRATION_FAMILIES, render_demonstration, tool_call_text
 from tests.chat_assets import chat_template, hf_tokenizer
 from tests.smollm_tokenizer import smollm_tokenizer

@@ -13,12 +13,12 @@ import random
 
 import pytest
 
-from agentenv.chat import ChatRenderer
 from agentenv.configio import to_dict
 from agentenv.core import Demonstration, Env, has_scripted_demonstrations
 from agentenv.envs.python_tool import PythonToolEnv
 from agentenv.envs.python_tool.demonstrations import scripted_problem
 from agentenv.models import chat_template
+from agentenv.rollout.chat import ChatRenderer
 from agentenv.trainer import setup
 from agentenv.trainer.demonstrations import render_demonstration
 from agentenv.trainer.recipe import parse_args

@@ -234,7 +234,7 @@ async def test_trailing_text_default_ignores_the_tail(grader) -> None:
 
 
 def test_trailing_text_needs_the_hermes_parser_built_here(grader) -> None:
-    from agentenv.tool_calls import HermesToolCallParser
+    from agentenv.rollout.tool_calls import HermesToolCallParser
 
     env, _ = make_env(grader, trailing_text="error", tool_parser="qwen25")
     assert env.parser.trailing_text == "error"

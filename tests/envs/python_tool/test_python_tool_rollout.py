@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from agentenv.chat import ChatRenderer
 from agentenv.engines.base import GenerationOutput, SamplingParams, TokenSpan
 from agentenv.envs.python_tool import PythonToolEnv
 from agentenv.envs.python_tool.datasets import MathProblem
 from agentenv.envs.python_tool.grading import Grader
-from agentenv.rollout import RolloutConfig, run_episode
+from agentenv.rollout.chat import ChatRenderer
+from agentenv.rollout.episode import RolloutConfig, run_episode
 from tests.smollm_tokenizer import smollm_tokenizer
 
 TEMPLATE = Path(__file__).resolve().parents[3] / "tests" / "chat_templates" / "qwen25.jinja"

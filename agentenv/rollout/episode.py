@@ -29,13 +29,13 @@ from agentenv.errors import ConfigError, EngineError, EngineRebuilt, TemplateErr
 from agentenv.trajectory import Trajectory
 
 if TYPE_CHECKING:
-    from agentenv.chat import Conversation
+    from agentenv.rollout.chat import Conversation
 
 logger = logging.getLogger(__name__)
 
 
 class Renderer(Protocol):
-    """What the loop needs from the chat renderer (``agentenv.chat.ChatRenderer``).
+    """What the loop needs from the chat renderer (``agentenv.rollout.chat.ChatRenderer``).
 
     A renderer class that subclasses this protocol inherits the defaults of :attr:`end_of_turn_id`
     and :attr:`tool_parser_name`; ``ChatRenderer`` reads both from its template.
@@ -53,7 +53,7 @@ class Renderer(Protocol):
 
     @property
     def tool_parser_name(self) -> str | None:
-        """The registered tool-call parser the chat template implies (:mod:`agentenv.tool_calls`), or None.
+        """The registered tool-call parser the chat template implies (:mod:`agentenv.rollout.tool_calls`), or None.
 
         None (the default) means the template implies none: callers then parse Hermes calls.
         """
@@ -74,7 +74,7 @@ class Renderer(Protocol):
 
 @runtime_checkable
 class ConversationRenderer(Renderer, Protocol):
-    """A renderer that also renders whole conversations (``agentenv.chat.ChatRenderer``): the exact path.
+    """A renderer that also renders whole conversations (``agentenv.rollout.chat.ChatRenderer``): the exact path.
 
     With one, an episode's tokens are the chat template applied to the whole message history; a plain
     :class:`Renderer` appends each observation's tokens to the previous ones instead.
@@ -82,7 +82,7 @@ class ConversationRenderer(Renderer, Protocol):
 
     def conversation(self, user_text: str, *, system: str | None = None,
                      tools: Any = ()) -> Conversation:
-        """Start one episode's :class:`agentenv.chat.Conversation` from the task's first observation."""
+        """Start one episode's :class:`agentenv.rollout.chat.Conversation` from the task's first observation."""
         ...
 
 
@@ -130,7 +130,7 @@ class RolloutConfig:
             ``info["straggler"]`` names what ran out (``"turn"``, ``"episode"``) and
             ``info["deadline_in"]`` where (``"env"``, ``"generation"``).
         on_prefix_violation: What happens when the chat template does not render the real history
-            as the model conditioned on it (``agentenv.chat``; Qwen3 drops earlier ``<think>``
+            as the model conditioned on it (``agentenv.rollout.chat``; Qwen3 drops earlier ``<think>``
             blocks): ``"append"`` (default) keeps the conditioned ids and appends the observation
             rendered against the real history (one row per episode); ``"split"`` ends the sample at
             that reply and starts a new one whose prompt is the template's rendering of the real
@@ -386,7 +386,7 @@ async def run_episode_samples(
         obs, reset_info = await clock.within(env.reset(seed=seed, options=options))
         info.update(reset_info)
         traj.task_id = str(reset_info.get("task_id", seed))
-        if isinstance(renderer, ConversationRenderer):  # the exact, history-aware path (agentenv.chat)
+        if isinstance(renderer, ConversationRenderer):  # the exact, history-aware path (agentenv.rollout.chat)
             conv = renderer.conversation(obs, system=env.system_prompt, tools=list(env.tools))
             prompt = list(conv.prompt_ids)
         else:

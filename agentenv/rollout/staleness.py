@@ -68,7 +68,7 @@ class StalenessConfig:
     ``pace_share`` in the simulator) weights GS by the token share of segments older than the newest."""
     forced_lag: int = 0
     """Forced policy lag ``k`` (policy versions; 0 = off): the generation engine serves the learner's
-    weights ``k`` versions late (:mod:`agentenv.forced_lag`), so after the first ``k`` updates every
+    weights ``k`` versions late (:mod:`agentenv.rollout.forced_lag`), so after the first ``k`` updates every
     consumed trajectory has ``S = GS + WS >= k`` (each token's lag is at least ``k``); the ablation
     setting of ``agentenv study gate_under_lag``. Holds ``k + 1`` copies of the weights in host
     memory. Pair it with policy ``none`` (or a ``max_lag`` cap of at least ``k``, or ``pace``) so that

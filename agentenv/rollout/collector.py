@@ -1,7 +1,7 @@
 """Many concurrent episodes feeding a pool: the rollout side of the asynchronous loop.
 
 A :class:`RolloutCollector` runs ``concurrency`` worker coroutines, each owning one environment
-and playing episodes back to back through :func:`agentenv.rollout.run_episode_samples`. Tasks are seeds
+and playing episodes back to back through :func:`agentenv.rollout.episode.run_episode_samples`. Tasks are seeds
 drawn in order from a seeded stream; a rejected trajectory's task can be put back with
 :meth:`RolloutCollector.requeue`. In asynchronous mode the workers run while the learner trains;
 in synchronous mode :meth:`RolloutCollector.collect` plays until it has exactly ``n`` good
@@ -15,7 +15,7 @@ group contiguous).
 
 Sampling seeds. Every episode samples with its own seed, ``derive_seed(task seed, play, member,
 attempt)`` (:func:`agentenv.engines.base.derive_seed`; ``play`` counts earlier groups of the same task
-seed, e.g. a task requeued after a rejection), handed to :func:`~agentenv.rollout.run_episode_samples`.
+seed, e.g. a task requeued after a rejection), handed to :func:`~agentenv.rollout.episode.run_episode_samples`.
 Its tokens then depend only on its task and the weights, not on which other episodes shared the
 engine's batch: a synchronous run with a given ``run.seed`` is reproducible.
 
@@ -29,7 +29,7 @@ replayed like any failed episode).
 Failures. An episode *failed*, for reasons outside the policy, when
 
 * its status is ``"error"`` (engine error, environment or sandbox crash, chat-template error: what
-  :func:`~agentenv.rollout.run_episode` records in ``info["error"]``), or
+  :func:`~agentenv.rollout.episode.run_episode` records in ``info["error"]``), or
 * it has no policy token (a prompt longer than the context, an engine that returned an empty
   completion, ``reset`` succeeding but nothing sampled). An *empty completion* means exactly this:
   zero policy tokens. A reply that is only the stop token is the policy's own (sampled, with a
@@ -69,8 +69,8 @@ from agentenv.core import Env
 from agentenv.engines.base import GenerationEngine, derive_seed
 from agentenv.errors import AgentEnvError, ConfigError
 from agentenv.faults import FAULTS
-from agentenv.rollout import Renderer, RolloutConfig, run_episode_samples
-from agentenv.task_stream import Group, TaskStream
+from agentenv.rollout.episode import Renderer, RolloutConfig, run_episode_samples
+from agentenv.rollout.task_stream import Group, TaskStream
 from agentenv.trajectory import Trajectory
 
 logger = logging.getLogger(__name__)
@@ -283,7 +283,7 @@ class RolloutCollector:
         self._tasks.next_seed = value
 
     def state_dict(self) -> dict[str, Any]:
-        """Where the task stream stands, for a checkpoint (:meth:`agentenv.task_stream.TaskStream.state_dict`).
+        """Where the task stream stands, for a checkpoint (:meth:`agentenv.rollout.task_stream.TaskStream.state_dict`).
 
         Taken between two steps of the event loop with a synchronous ``on_group``/``on_trajectory``
         (the pool's), every task handed out so far is then in exactly one place: in flight,

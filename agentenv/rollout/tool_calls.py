@@ -25,7 +25,7 @@ It is lenient where models are sloppy in practice (docs/architecture.md, "Known 
   for training: a stray token after the closing tag then costs the episode its tool result, so it
   is not reinforced along with the call (BENCHMARKS.md, "Learning runs").
 
-Other families' formats live in :mod:`agentenv.tool_formats` (Qwen3 with ``<think>``, Llama 3.x
+Other families' formats live in :mod:`agentenv.rollout.tool_formats` (Qwen3 with ``<think>``, Llama 3.x
 JSON, Mistral ``[TOOL_CALLS]``, gpt-oss harmony, DeepSeek). :func:`get_tool_parser` builds one by
 name (:data:`TOOL_PARSERS`) and :func:`parser_for_template` names the one a chat template implies.
 """
@@ -273,13 +273,13 @@ class HermesToolCallParser:
 
 #: Registered parsers: name -> ``"module:Class"`` (imported on first use).
 TOOL_PARSERS: dict[str, str] = {
-    "hermes": "agentenv.tool_calls:HermesToolCallParser",
-    "qwen25": "agentenv.tool_calls:HermesToolCallParser",
-    "qwen3": "agentenv.tool_formats:Qwen3ToolCallParser",
-    "llama3_json": "agentenv.tool_formats:Llama3JsonToolCallParser",
-    "mistral": "agentenv.tool_formats:MistralToolCallParser",
-    "harmony": "agentenv.tool_formats:HarmonyToolCallParser",
-    "deepseek": "agentenv.tool_formats:DeepSeekToolCallParser",
+    "hermes": "agentenv.rollout.tool_calls:HermesToolCallParser",
+    "qwen25": "agentenv.rollout.tool_calls:HermesToolCallParser",
+    "qwen3": "agentenv.rollout.tool_formats:Qwen3ToolCallParser",
+    "llama3_json": "agentenv.rollout.tool_formats:Llama3JsonToolCallParser",
+    "mistral": "agentenv.rollout.tool_formats:MistralToolCallParser",
+    "harmony": "agentenv.rollout.tool_formats:HarmonyToolCallParser",
+    "deepseek": "agentenv.rollout.tool_formats:DeepSeekToolCallParser",
 }
 
 # (marker in the template, parser) in the order they are tried: the first marker found wins.

@@ -1,6 +1,6 @@
 """The trajectory pool: completed trajectories wait here and the learner takes batches from it.
 
-The pool owns the staleness policy (:class:`~agentenv.staleness.StalenessConfig`): ``none``
+The pool owns the staleness policy (:class:`~agentenv.rollout.staleness.StalenessConfig`): ``none``
 (unfiltered asynchronous), ``max_lag`` (a fixed cap), ``pace`` (PACE's adaptive budget on effective
 staleness, docs/algorithms.md, "PACE") and ``sync`` (selected like ``none``; the loop runs no
 overlap). Per-trajectory summaries (completion version, GS, older-token share, oldest version) are
@@ -15,7 +15,7 @@ Semantics of :meth:`TrajectoryPool.select_batch` (``B`` = batch size, ``N`` = oc
   rejected (never cutting the pool below ``max(N_target, B)``), so a batch is always formed and ``r``
   updates once per optimizer step.
 * The batch is the ``B`` oldest remaining trajectories, in completion (= :meth:`add`) order.
-* Definitions (see :mod:`agentenv.staleness`): ``u_i`` = average 1-based rank of ``f_i`` / ``n``
+* Definitions (see :mod:`agentenv.rollout.staleness`): ``u_i`` = average 1-based rank of ``f_i`` / ``n``
   (ties share their mean rank); among equal ``S_eff`` the later-completed candidate is rejected
   first; a trajectory whose policy tokens all share one version has ``f_i = 0`` and is not scored
   for ``f`` (only if it lands in the batch, to return its scores); ``pace`` with
@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 
 from agentenv.errors import ConfigError, DataError
-from agentenv.staleness import (
+from agentenv.rollout.staleness import (
     StalenessConfig,
     effective_staleness,
     excess,
@@ -517,7 +517,7 @@ def length_bin(policy_tokens: int, budget: int) -> str:
     """The bin of a trajectory of ``T = policy_tokens`` policy tokens, in thirds of ``budget`` (tokens).
 
     ``short``: ``T <= budget / 3``; ``medium``: ``budget / 3 < T <= 2 budget / 3``; ``long``: above
-    (``budget`` is :attr:`agentenv.rollout.RolloutConfig.policy_token_budget`, the most a trajectory holds).
+    (``budget`` is :attr:`agentenv.rollout.episode.RolloutConfig.policy_token_budget`, the most a trajectory holds).
 
     Raises:
         ConfigError: ``budget < 1``.

@@ -4,7 +4,7 @@ After the learner's update to policy version ``v`` the engine holds version ``e(
 (``v0``: the version the run started or resumed at), so every token sampled while the learner is at
 ``v'`` comes from a version ``v_t <= max(v0, v' - k)``. A trajectory the learner consumes at version
 ``v`` therefore has every token lag ``v - v_t >= min(k, v - v0)`` and token-averaged staleness
-``S = GS + WS >= min(k, v - v0)`` (policy versions; :mod:`agentenv.staleness`): after the first ``k``
+``S = GS + WS >= min(k, v - v0)`` (policy versions; :mod:`agentenv.rollout.staleness`): after the first ``k``
 updates every batch is at least ``k`` versions off-policy, the setting of the FlashREINFORCE paper's
 "stable at policy lag ~ 4" claim (``agentenv study gate_under_lag``). The generator keeps producing
 all the while, under the lagged weights; segments record the lagged version truthfully.

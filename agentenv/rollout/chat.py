@@ -272,8 +272,8 @@ class ChatRenderer:
 
     @property
     def tool_parser_name(self) -> str | None:
-        """The registered tool-call parser the template implies (``agentenv.tool_calls``), or None."""
-        from agentenv.tool_calls import parser_for_template
+        """The registered tool-call parser the template implies (``agentenv.rollout.tool_calls``), or None."""
+        from agentenv.rollout.tool_calls import parser_for_template
 
         try:
             return parser_for_template(self.chat_template)

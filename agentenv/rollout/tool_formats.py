@@ -1,9 +1,9 @@
-"""Tool-call parsers of the model families beyond Hermes (registry: :data:`agentenv.tool_calls.TOOL_PARSERS`).
+"""Tool-call parsers of the model families beyond Hermes (registry: :data:`agentenv.rollout.tool_calls.TOOL_PARSERS`).
 
 Each parser reads one reply as decoded with its special tokens kept (``Conversation.add_reply``;
 ``[TOOL_CALLS]``, ``<|python_tag|>``, ``<|channel|>`` and DeepSeek's markers are special tokens),
 separates the reasoning from the answer where the family has it, and never raises on model text:
-a botched call is a :class:`~agentenv.tool_calls.ToolCallError` for the model to read.
+a botched call is a :class:`~agentenv.rollout.tool_calls.ToolCallError` for the model to read.
 
 ===============  ============================================================================
 ``qwen3``        ``<think>...</think>`` then Hermes ``<tool_call>{json}</tool_call>`` blocks
@@ -26,7 +26,7 @@ import json
 import re
 from dataclasses import replace
 
-from agentenv.tool_calls import (
+from agentenv.rollout.tool_calls import (
     HermesToolCallParser,
     ParsedReply,
     ToolCall,
