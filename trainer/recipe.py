@@ -12,16 +12,17 @@ the run is put back: :mod:`agentenv.trainer.resume`).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import dataclasses
 import json
 import logging
 import signal
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
+import tyro
 import yaml
 
 from agentenv.configio import apply_overrides, is_override, load_config, read_yaml, to_dict
@@ -46,30 +47,60 @@ def resolve_recipe(name: str) -> Path:
     return find_recipe(name)
 
 
-def parse_args(argv: list[str]) -> tuple[TrainConfig, argparse.Namespace]:
-    """Command line -> config. ``--section.field value`` and ``section.field=value`` override the recipe."""
-    ap = argparse.ArgumentParser(
-        prog="agentenv train", description=__doc__.split("\n\n")[0],
-        epilog="Any config value can be set with --section.field VALUE or section.field=VALUE "
-               "(e.g. --optim.lr 1e-5 run.batch_size=16); --print-config shows them all, --help-config says "
-               "what each means.")
-    ap.add_argument("--recipe", help="recipe name in recipes/ or a YAML path (default: <env>_cpu)")
-    ap.add_argument("--env", help="environment id (env.id)")
-    ap.add_argument("--env-remote", action="append", metavar="URL",
-                    help="play the env on this `agentenv serve` server (env.remote; repeat for more servers); "
-                         "the env need not be installed here")
-    ap.add_argument("--model", help="local model folder or mapped name (model.name); default: embedded SmolLM2-135M")
-    ap.add_argument("--run-dir", help="run folder (run.run_dir)")
-    ap.add_argument("--updates", type=int, help="optimizer steps (run.updates)")
-    ap.add_argument("--policy", choices=["none", "max_lag", "pace", "sync"],
-                    help="staleness.policy (sync: generation and training alternate, the baseline)")
-    ap.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its latest checkpoint")
-    ap.add_argument("--overwrite", action="store_true", help="delete an existing run folder first")
-    ap.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
-    ap.add_argument("--help-config", nargs="?", metavar="SECTION", action=_ConfigHelp,
-                    help="list every config value (or a section's: optim, run, ...) with its type, default "
-                         "and meaning, and exit")
-    args, rest = ap.parse_known_args(argv)
+DESCRIPTION = ("Train a model with asynchronous RL: a recipe and the command line's overrides make the config. "
+               "Any config value can be set with --section.field VALUE or section.field=VALUE (e.g. --optim.lr "
+               "1e-5 run.batch_size=16); --print-config shows them all, --help-config says what each means.")
+
+
+@dataclass
+class TrainArgs:
+    """``agentenv train``'s options; every config value is set with --section.field VALUE or section.field=VALUE.
+
+    Attributes:
+        recipe: Recipe name in recipes/ or a YAML path (default: <env>_cpu).
+        env: Environment id (env.id).
+        env_remote: Play the env on this `agentenv serve` server (env.remote; repeat for more servers); the
+            env need not be installed here.
+        model: Local model folder or mapped name (model.name); default: embedded SmolLM2-135M.
+        run_dir: Run folder (run.run_dir).
+        updates: Optimizer steps (run.updates).
+        policy: staleness.policy (sync: generation and training alternate, the baseline).
+        resume: Continue the run in --run-dir from its latest checkpoint.
+        overwrite: Delete an existing run folder first.
+        print_config: Print the resolved config and exit.
+        help_config: List every config value (or a section's: optim, run, ...) with its type, default and
+            meaning, and exit (--help-config alone: every section).
+        overrides: The command line's config overrides as section.field=value, in order (re-applied to
+            the saved config by --resume).
+    """
+
+    recipe: str | None = None
+    env: str | None = None
+    env_remote: tuple[str, ...] = ()
+    model: str | None = None
+    run_dir: str | None = None
+    updates: int | None = None
+    policy: Literal["none", "max_lag", "pace", "sync"] | None = None
+    resume: bool = False
+    overwrite: bool = False
+    print_config: bool = False
+    help_config: Annotated[str | None, tyro.conf.arg(metavar="SECTION")] = None
+    overrides: tyro.conf.Suppress[list[str]] = dataclasses.field(default_factory=list)
+
+
+def parse_args(argv: list[str]) -> tuple[TrainConfig, TrainArgs]:
+    """Command line -> config. ``--section.field value`` and ``section.field=value`` override the recipe.
+
+    Raises:
+        SystemExit: ``--help`` or ``--help-config`` (status 0, printed), or a flag that does not parse or
+            a section ``--help-config`` does not know (status 2, the message on stderr).
+        ConfigError: An override that does not fit the config.
+    """
+    argv = _help_config_alone(argv)
+    args, rest = tyro.cli(TrainArgs, args=argv, prog="agentenv train", description=DESCRIPTION,
+                          return_unknown_args=True, config=(tyro.conf.UseAppendAction, tyro.conf.FlagCreatePairsOff))
+    if args.help_config is not None:
+        _print_config_help(args.help_config)
     overrides = _dotted_overrides(rest)
     remote = bool(args.env_remote) or any(o.startswith("env.remote=") for o in overrides)
     data = recipe_data(args.recipe, args.env, remote=remote)  # the generic recipe names its run folder after the env
@@ -79,27 +110,39 @@ def parse_args(argv: list[str]) -> tuple[TrainConfig, argparse.Namespace]:
         if value is not None:
             overrides.append(f"{key}={json.dumps(value)}")
     if args.env_remote:
-        overrides.append(f"env.remote={json.dumps(args.env_remote)}")
+        overrides.append(f"env.remote={json.dumps(list(args.env_remote))}")
     cfg = load_config(TrainConfig, apply_overrides(data, overrides))
-    args.overrides = overrides  # re-applied to the saved config by --resume
+    args.overrides = overrides
     return cfg, args
 
 
-class _ConfigHelp(argparse.Action):
-    """``--help-config [SECTION]``: the documented config values (:mod:`agentenv.config_help`), then exit."""
+def _help_config_alone(argv: list[str]) -> list[str]:
+    """``--help-config`` with no section (last, or before another flag or an override) stands for every section."""
+    out = list(argv)
+    for i, a in enumerate(out):
+        if a == "--help-config" and (i + 1 == len(out) or out[i + 1].startswith("-") or is_override(out[i + 1])):
+            out.insert(i + 1, "")
+            break
+    return out
 
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
-                 option_string: str | None = None) -> None:
-        from agentenv.config_help import format_config_help
 
-        try:
-            text = format_config_help(TrainConfig, values)
-        except KeyError:
-            parser.error(f"--help-config: no config section or value {values!r} (sections: "
-                         f"{', '.join(f.name for f in dataclasses.fields(TrainConfig))})")
-        print(f"{text}\n\nDefaults of the config classes; a recipe sets its own (--print-config shows them). "
-              "Set any value with --section.field VALUE or section.field=VALUE.")
-        parser.exit()
+def _print_config_help(section: str) -> None:
+    """``--help-config [SECTION]``: the documented config values (:mod:`agentenv.config_help`), then exit.
+
+    Raises:
+        SystemExit: Always: 0 after printing, 2 for a section or value the config does not have.
+    """
+    from agentenv.config_help import format_config_help
+
+    try:
+        text = format_config_help(TrainConfig, section or None)
+    except KeyError:
+        print(f"agentenv train: --help-config: no config section or value {section!r} (sections: "
+              f"{', '.join(f.name for f in dataclasses.fields(TrainConfig))})", file=sys.stderr)
+        raise SystemExit(2) from None
+    print(f"{text}\n\nDefaults of the config classes; a recipe sets its own (--print-config shows them). "
+          "Set any value with --section.field VALUE or section.field=VALUE.")
+    raise SystemExit(0)
 
 
 def _dotted_overrides(rest: list[str]) -> list[str]:

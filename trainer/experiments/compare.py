@@ -13,12 +13,12 @@ behind cannot add up over the four.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 from agentenv.configio import apply_overrides, is_override, load_config, read_yaml
 from agentenv.errors import AgentEnvError
@@ -29,7 +29,10 @@ from agentenv.trainer.recipe import prepare_run_dir, resolve_recipe
 from agentenv.trainer.run_process import train_in_child
 
 #: (name, staleness.policy); ``sync`` alternates generation and training, the others overlap them
-SETTINGS = (("sync", "sync"), ("async-none", "none"), ("async-max_lag", "max_lag"), ("async-pace", "pace"))
+SettingName = Literal["sync", "async-none", "async-max_lag", "async-pace"]
+"""The settings compared, in the table's order: synchronous, then asynchronous under each staleness policy."""
+SETTINGS = tuple(zip(get_args(SettingName), ("sync", "none", "max_lag", "pace"), strict=True))
+"""``(setting, staleness.policy)`` pairs."""
 
 
 def summarize(name: str, run_dir: Path) -> dict[str, Any]:
@@ -76,37 +79,52 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+DESCRIPTION = ("Train one recipe synchronously and asynchronously (staleness policies none, max_lag, pace) for the "
+               "same number of updates, and print a table of loop wall-clock time (and its ratio to the synchronous "
+               "run), reward, GS/WS, rejection rate and engine busy share. section.field=value overrides, "
+               "anywhere on the command line, apply to every setting. Example: agentenv compare --updates 10 "
+               "--out runs/compare (about 30 minutes on 2 CPU cores)")
+
+
+@dataclass(frozen=True)
+class CompareArgs:
+    """``agentenv compare``'s options (the overrides are read apart: :func:`agentenv.configio.is_override`).
+
+    Attributes:
+        recipe: Recipe name or YAML path.
+        updates: Updates per setting.
+        out: Folder for one run folder per setting and compare.md/.json.
+        only: A subset of the settings (default: all four).
+        overwrite: Replace existing run folders under --out.
+    """
+
+    recipe: str = "python_tool_cpu"
+    updates: int = 10
+    out: Path = Path("runs/compare")
+    only: tuple[SettingName, ...] = ()
+    overwrite: bool = False
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``agentenv compare``: 0 when every setting finished, 130 when Ctrl-C stopped one, 2 on an error.
 
     The table (``compare.md``, ``compare.json`` under ``--out``) has the settings that finished, also
     after a stop or an error.
     """
-    ap = argparse.ArgumentParser(
-        prog="agentenv compare",
-        description="Train one recipe synchronously and asynchronously (staleness policies none, max_lag, "
-                    "pace) for the same number of updates, and print a table of loop wall-clock time (and "
-                    "its ratio to the synchronous run), reward, GS/WS, rejection rate and engine busy share.",
-        epilog="Example: agentenv compare --updates 10 --out runs/compare  (about 30 minutes on 2 CPU cores)")
-    ap.add_argument("--recipe", default="python_tool_cpu", help="recipe name or YAML path (default: %(default)s)")
-    ap.add_argument("--updates", type=int, default=10, help="updates per setting (default: %(default)s)")
-    ap.add_argument("--out", default="runs/compare",
-                    help="folder for one run folder per setting and compare.md/.json (default: %(default)s)")
-    ap.add_argument("--only", nargs="*", choices=[s[0] for s in SETTINGS], metavar="SETTING",
-                    help="a subset of: " + ", ".join(s[0] for s in SETTINGS))
-    ap.add_argument("--overwrite", action="store_true", help="replace existing run folders under --out")
-    ap.add_argument("overrides", nargs="*", help="section.field=value overrides for every setting (anywhere on the "
-                    "command line, also after --only)")
+    from agentenv.cli_args import parse
+
     argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse(CompareArgs, [a for a in argv if not is_override(a)], prog="agentenv compare", conventions=False,
+                 description=DESCRIPTION)
+    if isinstance(args, int):
+        return args
     overrides = [a for a in argv if is_override(a)]
-    args = ap.parse_args([a for a in argv if not is_override(a)])
-    args.overrides = overrides + args.overrides  # a stray positional is refused when the overrides apply
-    out = Path(args.out)
+    out = args.out
     rows, status = [], 0
     chosen = [s for s in SETTINGS if not args.only or s[0] in args.only]
     try:
         claim_parent(out, {s[0] for s in SETTINGS} | {"compare.md", "compare.json"}, "a comparison")
-        base = apply_overrides(read_yaml(resolve_recipe(args.recipe)), ["eval.problems=0", *args.overrides])
+        base = apply_overrides(read_yaml(resolve_recipe(args.recipe)), ["eval.problems=0", *overrides])
         for i, (name, policy) in enumerate(chosen):
             data = apply_overrides(base, [f"staleness.policy={policy}",
                                           f"run.updates={args.updates}", f"run.run_dir={out / name}"])

@@ -11,16 +11,18 @@ process) continues with train's resume. ``--seeds K`` runs every setting over K 
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from agentenv.configio import apply_overrides, load_config, read_yaml
+import tyro
+
+from agentenv.configio import apply_overrides, is_override, load_config, read_yaml
 from agentenv.errors import AgentEnvError, ConfigError, RunFolderError
 from agentenv.trainer.config import TrainConfig
 from agentenv.trainer.experiments.studies import (
@@ -319,30 +321,50 @@ def list_studies() -> str:
                      for s in STUDIES.values())
 
 
+@dataclass(frozen=True)
+class StudyArgs:
+    """``agentenv study``'s options (the overrides are read apart: :func:`agentenv.configio.is_override`).
+
+    Attributes:
+        name: The study, or 'all': every runnable study, one after the other, in folders under --run-dir
+            (default runs/study), sharing what is the same.
+        quick: Two settings, a couple of updates, 4 held-out problems.
+        run_dir: Study folder (default: runs/study/NAME, or NAME-quick).
+        resume: Continue a stopped study (with 'all': every study started before, and start the others);
+            finished settings are kept.
+        share: Copy a finished identical setting and the 'before' evaluation from the study folders beside
+            --run-dir (--no-share: run every setting afresh).
+        seeds: Run every setting with seeds 0..K-1 (folders <setting>/seed<k>) and decide each of the
+            study's claims: reproduced, contradicted or undecided; 'auto': the seeds that detect --effect
+            with 80% power, given the default's measured spread.
+        effect: With --seeds: the difference in held-out success to detect, in points.
+        results: With --seeds: where each finished (setting, seed) writes its result (default:
+            RUN_DIR/results); commit it (e.g. docs/studies/NAME) and --resume elsewhere skips what it holds.
+    """
+
+    name: Annotated[str, tyro.conf.Positional, tyro.conf.arg(metavar="NAME")]
+    quick: bool = False
+    run_dir: str | None = None
+    resume: bool = False
+    share: bool = True
+    seeds: str | None = None
+    effect: float = 10.0
+    results: str | None = None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``agentenv study``."""
-    ap = argparse.ArgumentParser(
-        prog="agentenv study", description="Run the settings of one study of the papers' claims on the same task "
-        "with equal budgets; write one run folder per setting, study.md, study.json and plots.",
-        epilog="Studies:\n" + list_studies(), formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("name", help="the study (see below), or 'all': every runnable study, one after the other, "
-                    "in folders under --run-dir (default runs/study), sharing what is the same")
-    ap.add_argument("--quick", action="store_true", help="two settings, a couple of updates, 4 held-out problems")
-    ap.add_argument("--run-dir", help="study folder (default: runs/study/NAME, or NAME-quick)")
-    ap.add_argument("--resume", action="store_true", help="continue a stopped study (with 'all': every study "
-                    "started before, and start the others); finished settings are kept")
-    ap.add_argument("--no-share", action="store_true", help="run every setting afresh: copy neither a finished "
-                    "identical setting nor the 'before' evaluation from the study folders beside --run-dir")
-    ap.add_argument("--seeds", help="run every setting with seeds 0..K-1 (folders <setting>/seed<k>) and decide "
-                    "each of the study's claims: reproduced, contradicted or undecided; 'auto': the seeds that detect "
-                    "--effect with 80%% power, given the default's measured spread")
-    ap.add_argument("--effect", type=float, default=10.0, help="with --seeds: the difference in held-out success "
-                    "to detect, in points (default 10)")
-    ap.add_argument("--results", help="with --seeds: where each finished (setting, seed) writes its result "
-                    "(default: RUN_DIR/results); commit it (e.g. docs/studies/NAME) and --resume elsewhere skips "
-                    "what it holds")
-    ap.add_argument("overrides", nargs="*", help="section.field=value overrides for every setting")
-    args = ap.parse_intermixed_args(argv)
+    from agentenv.cli_args import parse
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse(StudyArgs, [a for a in argv if not is_override(a)], prog="agentenv study", conventions=False,
+                 description="Run the settings of one study of the papers' claims on the same task with equal "
+                             "budgets; write one run folder per setting, study.md, study.json and plots. "
+                             "section.field=value overrides, anywhere on the command line, apply to every "
+                             "setting. Studies:\n" + list_studies())
+    if isinstance(args, int):
+        return args
+    overrides = [a for a in argv if is_override(a)]
     if args.seeds is None and args.results is not None:
         print("agentenv study: --results needs --seeds", file=sys.stderr)
         return 2
@@ -362,13 +384,13 @@ def main(argv: list[str] | None = None) -> int:
                 results = Path(args.results) / name if args.results and len(plan) > 1 else args.results
                 summary = run_seeded_study(name, root, seeds=plan_seeds(args.seeds, effect=effect), effect=effect,
                                            results=Path(results) if results else None, quick=args.quick,
-                                           resume=resume, overrides=args.overrides, share=not args.no_share)
+                                           resume=resume, overrides=overrides, share=args.share)
                 print((root / "study.md").read_text())
                 if summary["interrupted"]:
                     return 130
                 continue
-            result = run_study(name, root, quick=args.quick, resume=resume, overrides=args.overrides,
-                               share=not args.no_share)
+            result = run_study(name, root, quick=args.quick, resume=resume, overrides=overrides,
+                               share=args.share)
         except AgentEnvError as exc:
             print(f"agentenv study: {exc}", file=sys.stderr)
             return 2
