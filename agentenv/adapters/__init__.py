@@ -131,7 +131,7 @@ def resolve(env_id: str) -> EnvSpec | None:
 
 
 def add_peers() -> None:
-    """Agentenv's ``agentenv.envs`` entry point: the peers' ids resolve on first use (:func:`resolve`)."""
+    """The ``agentenv.envs`` entry point of agentenv itself: the peers' ids resolve on first use (:func:`resolve`)."""
     add_resolver("peers", Resolver(resolve, "peers' ids: gym/ID, reasoning_gym/FAMILY, reasoning_gym_tool/FAMILY, "
                                             "gem/ID, textarena/ID"))
 
