@@ -183,6 +183,15 @@ def is_override(token: str) -> bool:
     return "=" in token and not token.startswith("-")
 
 
+def split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
+    """``(options, overrides)``: the tokens of ``argv`` that are not overrides, then those that are.
+
+    Overrides are told apart by :func:`is_override` and may stand anywhere on a command line; each
+    list keeps the order of ``argv``.
+    """
+    return [a for a in argv if not is_override(a)], [a for a in argv if is_override(a)]
+
+
 def read_yaml(path: str | Path) -> dict[str, Any]:
     """Read a YAML mapping.
 

@@ -39,3 +39,11 @@ def test_help_is_status_0_and_a_bad_or_missing_flag_status_2(capsys):
     assert parse(Options, [], prog="t", description="d") == 2  # --name is required
     assert "--name" in capsys.readouterr().err
     assert parse(Options, ["--name", "n", "--no-quick"], prog="t", description="d") == 2  # no --no- twin here
+
+
+def test_overrides_are_split_from_the_options_wherever_they_stand():
+    from agentenv.configio import split_overrides
+
+    argv = ["--only", "sync", "eval.problems=3", "--out", "d", "optim.lr=1e-5", "--tag=x", "stray"]
+    assert split_overrides(argv) == (["--only", "sync", "--out", "d", "--tag=x", "stray"],
+                                     ["eval.problems=3", "optim.lr=1e-5"])

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from agentenv.configio import apply_overrides, is_override, load_config, read_yaml
+from agentenv.configio import apply_overrides, load_config, read_yaml, split_overrides
 from agentenv.errors import AgentEnvError
 from agentenv.output_folders import claim_parent
 from agentenv.trainer.config import TrainConfig
@@ -113,12 +113,10 @@ def main(argv: list[str] | None = None) -> int:
     """
     from agentenv.cli_args import parse
 
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args = parse(CompareArgs, [a for a in argv if not is_override(a)], prog="agentenv compare", conventions=False,
-                 description=DESCRIPTION)
+    options, overrides = split_overrides(list(sys.argv[1:] if argv is None else argv))
+    args = parse(CompareArgs, options, prog="agentenv compare", conventions=False, description=DESCRIPTION)
     if isinstance(args, int):
         return args
-    overrides = [a for a in argv if is_override(a)]
     out = args.out
     rows, status = [], 0
     chosen = [s for s in SETTINGS if not args.only or s[0] in args.only]

@@ -22,7 +22,7 @@ from typing import Annotated, Any
 
 import tyro
 
-from agentenv.configio import apply_overrides, is_override, load_config, read_yaml
+from agentenv.configio import apply_overrides, load_config, read_yaml, split_overrides
 from agentenv.errors import AgentEnvError, ConfigError, RunFolderError
 from agentenv.trainer.config import TrainConfig
 from agentenv.trainer.experiments.studies import (
@@ -356,15 +356,14 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of ``agentenv study``."""
     from agentenv.cli_args import parse
 
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args = parse(StudyArgs, [a for a in argv if not is_override(a)], prog="agentenv study", conventions=False,
+    options, overrides = split_overrides(list(sys.argv[1:] if argv is None else argv))
+    args = parse(StudyArgs, options, prog="agentenv study", conventions=False,
                  description="Run the settings of one study of the papers' claims on the same task with equal "
                              "budgets; write one run folder per setting, study.md, study.json and plots. "
                              "section.field=value overrides, anywhere on the command line, apply to every "
                              "setting. Studies:\n" + list_studies())
     if isinstance(args, int):
         return args
-    overrides = [a for a in argv if is_override(a)]
     if args.seeds is None and args.results is not None:
         print("agentenv study: --results needs --seeds", file=sys.stderr)
         return 2
