@@ -15,6 +15,13 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 
+def agentenv_conventions() -> tuple[Any, ...]:
+    """Tyro's markers for agentenv's conventions: a repeated flag adds up, a bool is one flag."""
+    import tyro
+
+    return (tyro.conf.UseAppendAction, tyro.conf.FlagCreatePairsOff)
+
+
 def parse(cls: type[T], argv: Sequence[str], *, prog: str, description: str,
           conventions: bool = True) -> T | int:
     """``cls`` read from ``argv``, or the exit status when there is nothing to run.
@@ -35,8 +42,8 @@ def parse(cls: type[T], argv: Sequence[str], *, prog: str, description: str,
     """
     import tyro
 
-    config: tuple[Any, ...] = (tyro.conf.UseAppendAction, tyro.conf.FlagCreatePairsOff) if conventions else ()
     try:
-        return tyro.cli(cls, args=list(argv), prog=prog, description=description, config=config)
+        return tyro.cli(cls, args=list(argv), prog=prog, description=description,
+                        config=agentenv_conventions() if conventions else ())
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else 2

@@ -25,6 +25,7 @@ from typing import Annotated, Any, Literal
 import tyro
 import yaml
 
+from agentenv.cli_args import agentenv_conventions
 from agentenv.configio import apply_overrides, is_override, load_config, read_yaml, to_dict
 from agentenv.errors import AgentEnvError, ConfigError, Interrupted, RunFolderError
 from agentenv.models import check_model
@@ -98,7 +99,7 @@ def parse_args(argv: list[str]) -> tuple[TrainConfig, TrainArgs]:
     """
     argv = _help_config_alone(argv)
     args, rest = tyro.cli(TrainArgs, args=argv, prog="agentenv train", description=DESCRIPTION,
-                          return_unknown_args=True, config=(tyro.conf.UseAppendAction, tyro.conf.FlagCreatePairsOff))
+                          return_unknown_args=True, config=agentenv_conventions())
     if args.help_config is not None:
         _print_config_help(args.help_config)
     overrides = _dotted_overrides(rest)
