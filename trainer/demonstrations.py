@@ -69,12 +69,9 @@ def template_family(renderer: ChatRenderer) -> str:
 
 
 def _calls(message: Mapping[str, Any]) -> list[Call]:
-    """The ``(name, arguments)`` of an assistant message's ``tool_calls`` (OpenAI's nesting or flat)."""
-    out = []
-    for call in message.get("tool_calls") or ():
-        fn = call.get("function", call)
-        out.append((fn["name"], fn.get("arguments") or {}))
-    return out
+    """The ``(name, arguments)`` of an assistant message's ``tool_calls`` (:class:`agentenv.core.Demonstration`)."""
+    return [(call["function"]["name"], call["function"].get("arguments") or {})
+            for call in message.get("tool_calls") or ()]
 
 
 def render_demonstration(
