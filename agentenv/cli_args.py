@@ -1,10 +1,11 @@
 """Subcommand options read from typed dataclasses with tyro, under one set of conventions.
 
 Each ``agentenv`` subcommand whose options are a dataclass (``eval``, ``export``, ``compare``,
-``study``, ``simulate``, the learning report; ``train`` reads its own with tyro too, keeping the
-config overrides apart) reads them here: the dataclass's fields are the flags, its docstring their help. A
-flag given twice adds up when its field is a tuple (``--env-arg a=1 --env-arg b=2``); a bool field is
-a flag that sets it (no ``--no-`` twin) unless a command asks for tyro's own conventions.
+``study``, ``simulate``, ``serve``, ``alfworld-oracle``, the learning report; ``train`` reads its own
+with tyro too, keeping the config overrides apart) reads them here: the dataclass's fields are the
+flags, its docstring their help. A flag given twice adds up when its field is a tuple (``--env-arg a=1
+--env-arg b=2``); a bool field is a flag that sets it (no ``--no-`` twin) unless a command asks for
+tyro's own conventions.
 """
 
 from __future__ import annotations

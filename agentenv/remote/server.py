@@ -9,7 +9,6 @@ goes on serving the other sessions.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import hmac
@@ -20,8 +19,8 @@ import os
 import socket
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, fields, make_dataclass
+from typing import Annotated, Any
 
 from agentenv.configio import key_values
 from agentenv.core import Env
@@ -273,32 +272,54 @@ def serve(cfg: ServeConfig, *, ready: Callable[[str], None] | None = None) -> No
     server.run(sockets=[sock])
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``agentenv serve ENV_ID [--host H] [--port N] [--env-arg K=V ...] [--token T]``; returns the exit status.
+def _command_options() -> type[ServeConfig]:
+    """:class:`ServeConfig` as ``agentenv serve`` reads it with tyro (:mod:`agentenv.cli_args`).
 
-    Prints ``agentenv serve: ENV_ID on URL`` on stdout once bound; errors go to stderr with status 1.
-    Ctrl-C (SIGINT) closes the sessions and stops with status 130 and one line, SIGTERM with status 0.
+    Two fields read differently on the command line: the environment id is positional, and the
+    constructor arguments come as repeated ``--env-arg KEY=VALUE`` (each VALUE read as YAML). A token
+    not given is taken from ``$AGENTENV_REMOTE_TOKEN`` (kept out of ``ps`` and ``--help``). The values
+    are not checked here: :func:`main` builds the :class:`ServeConfig` from them, which checks them.
     """
-    d = ServeConfig.__dataclass_fields__
-    p = argparse.ArgumentParser(prog="agentenv serve", description="Serve a registered environment over HTTP.")
-    p.add_argument("env_id", help="registered environment id (`agentenv envs`)")
-    p.add_argument("--host", default=d["host"].default, help="address to bind (default loopback; any other "
-                   "needs a token)")
-    p.add_argument("--port", type=int, default=d["port"].default, help="TCP port; 0 picks a free one")
-    p.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE",
-                   help="a constructor argument of the environment (VALUE read as YAML); repeat for more")
-    p.add_argument("--token", default=None, help=f"bearer token requests must carry (default ${TOKEN_ENV})")
-    p.add_argument("--max-sessions", type=int, default=d["max_sessions"].default)
-    p.add_argument("--max-action-chars", type=int, default=d["max_action_chars"].default)
-    p.add_argument("--call-timeout-s", type=float, default=d["call_timeout_s"].default)
-    p.add_argument("--session-idle-s", type=float, default=d["session_idle_s"].default)
-    args = p.parse_args(list(argv) if argv is not None else None)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    import tyro
+
+    def token_from_environment(self: ServeConfig) -> None:  # the values are checked by ServeConfig (main)
+        if self.token is None:
+            object.__setattr__(self, "token", os.environ.get(TOKEN_ENV) or None)
+
+    key_value_items = tyro.constructors.PrimitiveConstructorSpec(
+        nargs=1, metavar="KEY=VALUE", _action="append", is_instance=lambda x: isinstance(x, dict),
+        instance_from_str=lambda items: key_values(items, "--env-arg"),
+        str_from_instance=lambda kwargs: [f"{k}={json.dumps(v)}" for k, v in kwargs.items()])
+    env_id = Annotated[str, tyro.conf.Positional, tyro.conf.arg(
+        metavar="ENV_ID", help="registered environment id served (`agentenv envs` lists them)")]
+    env_kwargs = Annotated[dict[str, Any], key_value_items, tyro.conf.arg(
+        name="env-arg", help="a constructor argument of every environment instance (VALUE read as YAML); "
+        "repeat for more")]
+    token = Annotated[str | None, tyro.conf.arg(
+        help=f"bearer token every request must carry (default ${TOKEN_ENV}; none: loopback only)")]
+    read_differently = [("env_id", env_id), ("env_kwargs", env_kwargs, field(default_factory=dict)),
+                        ("token", token, None)]
+    return make_dataclass("ServeOptions", read_differently, bases=(ServeConfig,), frozen=True,
+                          namespace={"__post_init__": token_from_environment})
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``agentenv serve ENV_ID [--host H] [--port N] [--env-arg K=V ...] [--token T] [...]``; the exit status.
+
+    The options are :class:`ServeConfig`'s fields (``--max-sessions``, ``--call-timeout-s``, ...).
+    Prints ``agentenv serve: ENV_ID on URL`` on stdout once bound; errors (a value out of range
+    included) go to stderr with status 1, a flag or value that does not parse with status 2. Ctrl-C
+    (SIGINT) closes the sessions and stops with status 130 and one line, SIGTERM with status 0.
+    """
+    from agentenv.cli_args import parse
+
     try:
-        cfg = ServeConfig(env_id=args.env_id, env_kwargs=key_values(args.env_arg, "--env-arg"), host=args.host,
-                          port=args.port, token=args.token or os.environ.get(TOKEN_ENV) or None,
-                          max_sessions=args.max_sessions, max_action_chars=args.max_action_chars,
-                          call_timeout_s=args.call_timeout_s, session_idle_s=args.session_idle_s)
+        options = parse(_command_options(), sys.argv[1:] if argv is None else argv, prog="agentenv serve",
+                        description="Serve a registered environment over HTTP (one session per episode).")
+        if isinstance(options, int):
+            return options
+        cfg = ServeConfig(**{f.name: getattr(options, f.name) for f in fields(ServeConfig)})
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         serve(cfg, ready=lambda url: print(f"agentenv serve: {cfg.env_id} on {url}", flush=True))
     except (AgentEnvError, OSError) as exc:
         print(f"agentenv serve: {exc}", file=sys.stderr)

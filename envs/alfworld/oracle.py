@@ -8,13 +8,13 @@ each playing its share through :func:`agentenv.evaluation.run_jobs`.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import multiprocessing
 import sys
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
 from typing import Any
 
 from agentenv.envs.alfworld.env import AlfWorldEnv
@@ -33,6 +33,30 @@ from agentenv.evaluation import (
     write_report,
 )
 from agentenv.output_folders import EVALUATION, claim_folder
+
+
+@dataclass(frozen=True)
+class OracleOptions:
+    """What ``agentenv alfworld-oracle`` replays and where it writes (its flags, read with tyro)."""
+
+    split: str = "valid_seen"
+    """``valid_seen``, ``valid_unseen`` (or ``seen``, ``unseen``) or ``train``."""
+    limit: int | None = None
+    """Only the first ``limit`` games of the split."""
+    workers: int = 2
+    """Processes (1 plays in this process)."""
+    concurrency: int = 2
+    """Games at once in each process."""
+    max_steps: int = 50
+    """Step limit per episode."""
+    data_root: str | None = None
+    """The ``alfworld`` data folder (default: ``alfworld`` in the shared data folder, ``$AGENTENV_DATA``)."""
+    out: str | None = None
+    """Folder for report.json / report.txt (new, empty, or an evaluation folder with ``--overwrite``)."""
+    overwrite: bool = False
+    """Replace the evaluation report in ``--out``."""
+    no_progress: bool = False
+    """No progress bar."""
 
 
 def walkthrough_policy(games: Sequence[GameRef]) -> Any:
@@ -72,11 +96,11 @@ def _play_chunk(
 def run_oracle(
     split: str,
     *,
-    limit: int | None = None,
-    workers: int = 2,
-    concurrency: int = 2,
-    max_steps: int = 50,
-    data_root: str | None = None,
+    limit: int | None = OracleOptions.limit,
+    workers: int = OracleOptions.workers,
+    concurrency: int = OracleOptions.concurrency,
+    max_steps: int = OracleOptions.max_steps,
+    data_root: str | None = OracleOptions.data_root,
     progress: bool = True,
 ) -> tuple[EvalReport, list[EpisodeResult]]:
     """Replay the walkthroughs of ``split`` and report.
@@ -135,22 +159,18 @@ def run_oracle(
 
 
 def oracle_main(argv: Sequence[str] | None = None) -> int:
-    """``agentenv alfworld-oracle --split valid_seen``.
+    """``agentenv alfworld-oracle [--split valid_seen] [...]``: the :class:`OracleOptions` flags.
 
     Returns:
-        0 when every game is won, 1 otherwise, 2 on bad input (unknown split, missing data).
+        0 when every game is won, 1 otherwise, 2 on bad input (a flag that does not parse, an unknown
+        split, missing data, an ``--out`` folder that is not an evaluation's).
     """
-    p = argparse.ArgumentParser(prog="agentenv alfworld-oracle", description="Replay ALFWorld walkthroughs.")
-    p.add_argument("--split", default="valid_seen")
-    p.add_argument("--limit", type=int, default=None)
-    p.add_argument("--workers", type=int, default=2, help="processes")
-    p.add_argument("--concurrency", type=int, default=2, help="games at once per process")
-    p.add_argument("--data-root", default=None)
-    p.add_argument("--out", default=None, help="folder for report.json / report.txt (new, empty, or an "
-                   "evaluation folder with --overwrite)")
-    p.add_argument("--overwrite", action="store_true", help="replace the evaluation report in --out")
-    p.add_argument("--no-progress", action="store_true")
-    args = p.parse_args(argv)
+    from agentenv.cli_args import parse
+
+    args = parse(OracleOptions, sys.argv[1:] if argv is None else argv, prog="agentenv alfworld-oracle",
+                 description="Replay the ALFWorld walkthroughs: every game must be won.")
+    if isinstance(args, int):
+        return args
     try:
         out = claim_folder(args.out, EVALUATION, overwrite=args.overwrite) if args.out else None
         report, results = run_oracle(
@@ -158,6 +178,7 @@ def oracle_main(argv: Sequence[str] | None = None) -> int:
             limit=args.limit,
             workers=args.workers,
             concurrency=args.concurrency,
+            max_steps=args.max_steps,
             data_root=args.data_root,
             progress=not args.no_progress,
         )
