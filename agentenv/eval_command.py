@@ -15,7 +15,7 @@ import json
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -46,6 +46,8 @@ if TYPE_CHECKING:
 #: Seeds ``agentenv eval`` plays an env without a task list when ``--seeds`` is not given: disjoint from
 #: training's (a run with ``run.seed = s`` plays seeds from ``s * 1,000,003`` upwards).
 DEFAULT_SEEDS = range(2_000_000_000, 2_000_000_020)
+#: The environment evaluated when neither --env nor --remote names one.
+DEFAULT_ENV = "alfworld"
 #: Constructor arguments that bound an episode's length; ``--max-steps`` sets the first one an env takes.
 TURN_LIMIT_ARGS = ("max_steps", "max_turns")
 #: Turns an episode may take when ``--max-steps`` is not given (ALFWorld's 50 steps): an env's own,
@@ -68,11 +70,12 @@ class EvalArgs:
             the value).
     """
 
-    env: str = "alfworld"
-    """Environment id (`agentenv envs` lists them)."""
+    env: str | None = None
+    """Environment id (`agentenv envs` lists them); None: the one --remote serves, else alfworld."""
     remote: tuple[str, ...] = ()
     """URL of an `agentenv serve` server playing the env; with several, episodes go round-robin.
-    The env need not be installed here; its constructor arguments are the server's."""
+    The env need not be installed here (nor named: the server says which it serves); its constructor
+    arguments are the server's."""
     env_arg: tuple[str, ...] = ()
     """KEY=VALUE: a constructor argument of the environment (VALUE read as YAML)."""
     chat_template_kwarg: tuple[str, ...] = ()
@@ -164,6 +167,22 @@ def parse_args(argv: Sequence[str]) -> EvalArgs:
     if isinstance(args, int):
         raise SystemExit(args)
     return args
+
+
+def with_env_id(args: EvalArgs) -> EvalArgs:
+    """``args`` with ``env`` filled: as given, else the id the ``--remote`` servers serve, else ``alfworld``.
+
+    Raises:
+        ConfigError / RemoteEnvError: The servers cannot be asked or describe themselves wrongly
+            (:func:`agentenv.remote.client.describe_servers`).
+    """
+    if args.env is not None:
+        return args
+    if not args.remote:
+        return replace(args, env=DEFAULT_ENV)
+    from agentenv.remote.client import describe_servers
+
+    return replace(args, env=describe_servers(args.remote)["env"])
 
 
 def parse_seeds(text: str) -> range:
@@ -440,6 +459,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else 2
     plan = None
     try:
+        args = with_env_id(args)
         plan = asyncio.run(_plan(args))
         report, results = asyncio.run(_play(args, plan))
     except AgentEnvError as exc:

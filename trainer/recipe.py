@@ -59,7 +59,7 @@ class TrainArgs:
 
     Attributes:
         recipe: Recipe name in recipes/ or a YAML path (default: <env>_cpu).
-        env: Environment id (env.id).
+        env: Environment id (env.id); with --env-remote and no --recipe, default: the one the server serves.
         env_remote: Play the env on this `agentenv serve` server (env.remote; repeat for more servers); the
             env need not be installed here.
         model: Local model folder or mapped name (model.name); default: embedded SmolLM2-135M.
@@ -103,6 +103,11 @@ def parse_args(argv: list[str]) -> tuple[TrainConfig, TrainArgs]:
     if args.help_config is not None:
         _print_config_help(args.help_config)
     overrides = _dotted_overrides(rest)
+    if args.env_remote and args.env is None and args.recipe is None and not any(o.startswith("env.id=")
+                                                                               for o in overrides):
+        from agentenv.remote.client import describe_servers
+
+        args.env = describe_servers(args.env_remote)["env"]  # the served env: nothing to name or install here
     remote = bool(args.env_remote) or any(o.startswith("env.remote=") for o in overrides)
     data = recipe_data(args.recipe, args.env, remote=remote)  # the generic recipe names its run folder after the env
     for flag, key in (("env", "env.id"), ("model", "model.name"), ("run_dir", "run.run_dir"),

@@ -294,39 +294,75 @@ class RemoteEnv(Env[Any, str]):
                     await self._delete(data["session"], base)
 
     def _describe(self) -> dict[str, Any]:
-        key = (self.urls, self.token)
-        if key not in _descriptions:
-            desc = self._get_sync("/info")
-            _expect(desc, {"protocol": int, "env": str, "observation_role": str, "cut_turn": str, "tools": list,
-                           "max_action_chars": int}, self.urls[0])
-            if desc["protocol"] != PROTOCOL_VERSION:
-                raise ConfigError(f"{self.urls}: protocol {desc['protocol']}, this client speaks {PROTOCOL_VERSION}")
-            _descriptions[key] = desc
-        desc = _descriptions[key]
+        desc = describe_servers(self.urls, token=self.token, timeout_s=self.timeout_s,
+                                connect_timeout_s=self.connect_timeout_s)
         if desc["env"] != self.env_id:
             raise ConfigError(f"{', '.join(self.urls)} serves {desc['env']!r}, not {self.env_id!r}")
         return desc
 
     def _get_sync(self, path: str) -> dict[str, Any]:
         """GET ``path`` from the first server that answers (a blocking call, made once per process)."""
-        last: RemoteEnvError | None = None
-        timeout = httpx.Timeout(self.timeout_s, connect=self.connect_timeout_s)
-        with httpx.Client(headers=self._headers, timeout=timeout, verify=_tls()) as client:
-            for url in self.urls:
-                try:
-                    response = client.get(url + path)
-                except httpx.TimeoutException as exc:
-                    last = RemoteEnvError(f"GET {url}{path}: no answer ({type(exc).__name__})", kind="timeout")
-                    continue
-                except httpx.TransportError as exc:
-                    last = RemoteEnvError(f"GET {url}{path}: {type(exc).__name__}: {exc}", kind="unreachable")
-                    continue
-                data = _answer(response, f"GET {url}{path}")
-                if response.is_success:
-                    return data
-                last = _typed_error(response, data, f"GET {url}{path}")
-        assert last is not None
-        raise last
+        return _get_first(self.urls, path, self._headers, httpx.Timeout(self.timeout_s, connect=self.connect_timeout_s))
+
+
+def describe_servers(remote: str | Sequence[str], *, token: str | None = None, timeout_s: float = 60.0,
+                     connect_timeout_s: float = 5.0) -> dict[str, Any]:
+    """What the servers say of the environment they serve: ``GET /info`` of the first that answers.
+
+    Read once per process for a list of servers and a token. The description holds ``env`` (the served
+    id), ``protocol``, ``observation_role``, ``cut_turn``, ``tools``, ``system_prompt`` and
+    ``max_action_chars``; a client needs nothing else to play the environment
+    (``agentenv eval --remote URL`` takes the id from it).
+
+    Args:
+        remote: One server URL or a list.
+        token: Bearer token of the servers; default ``$AGENTENV_REMOTE_TOKEN`` (None: no header).
+        timeout_s: Seconds the call may take.
+        connect_timeout_s: Seconds to open a connection.
+
+    Raises:
+        ConfigError: A bad URL, or a server speaking another protocol version.
+        RemoteEnvError: No server answered (kind ``unreachable`` / ``timeout``, or the server's own
+            kind, e.g. ``unauthorized``), or the answer lacks a field or has one of the wrong type
+            (kind ``protocol``).
+    """
+    urls = server_urls(remote)
+    token = token if token is not None else os.environ.get(TOKEN_ENV) or None
+    key = (urls, token)
+    if key not in _descriptions:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        desc = _get_first(urls, "/info", headers, httpx.Timeout(timeout_s, connect=connect_timeout_s))
+        _expect(desc, {"protocol": int, "env": str, "observation_role": str, "cut_turn": str, "tools": list,
+                       "max_action_chars": int}, urls[0])
+        if desc["protocol"] != PROTOCOL_VERSION:
+            raise ConfigError(f"{', '.join(urls)}: protocol {desc['protocol']}, this client speaks {PROTOCOL_VERSION}")
+        _descriptions[key] = desc
+    return _descriptions[key]
+
+
+def _get_first(urls: Sequence[str], path: str, headers: Mapping[str, str], timeout: httpx.Timeout) -> dict[str, Any]:
+    """GET ``path`` from the first of ``urls`` that answers (blocking).
+
+    Raises:
+        RemoteEnvError: None answered (the last one's kind: ``timeout``, ``unreachable``, or its own).
+    """
+    last: RemoteEnvError | None = None
+    with httpx.Client(headers=dict(headers), timeout=timeout, verify=_tls()) as client:
+        for url in urls:
+            try:
+                response = client.get(url + path)
+            except httpx.TimeoutException as exc:
+                last = RemoteEnvError(f"GET {url}{path}: no answer ({type(exc).__name__})", kind="timeout")
+                continue
+            except httpx.TransportError as exc:
+                last = RemoteEnvError(f"GET {url}{path}: {type(exc).__name__}: {exc}", kind="unreachable")
+                continue
+            data = _answer(response, f"GET {url}{path}")
+            if response.is_success:
+                return data
+            last = _typed_error(response, data, f"GET {url}{path}")
+    assert last is not None
+    raise last
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:

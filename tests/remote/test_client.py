@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import socket
 import threading
 import time
@@ -22,6 +23,7 @@ import agentenv
 from agentenv.checker import check_env
 from agentenv.errors import ConfigError, RemoteEnvError, ResetNeeded
 from agentenv.remote import RemoteEnv
+from agentenv.remote.client import describe_servers
 from agentenv.rollout.collector import failure_reason
 from agentenv.rollout.episode import RolloutConfig, run_episode
 from tests.fakes import CharRenderer, ScriptedEngine
@@ -129,11 +131,14 @@ async def test_a_server_killed_mid_episode_fails_the_episode_not_with_reward_zer
     await env.close()  # a dead server: close is still quiet
 
 
+GOOD_INFO = {"protocol": 1, "env": GUESS_NUMBER_ID, "observation_role": "user", "cut_turn": "end",
+             "system_prompt": None, "tools": [], "max_action_chars": 100}
+
+
 @contextmanager
-def misbehaving_server(mode: str) -> Iterator[str]:
-    """A raw HTTP server on loopback that answers ``/info`` properly, then ``garbage`` or ``stall``s."""
-    info = json.dumps({"protocol": 1, "env": GUESS_NUMBER_ID, "observation_role": "user", "cut_turn": "end",
-                       "system_prompt": None, "tools": [], "max_action_chars": 100}).encode()
+def misbehaving_server(mode: str, info: bytes | None = None) -> Iterator[str]:
+    """A raw HTTP server on loopback: ``/info`` answered properly (or with ``info``), then ``garbage`` or ``stall``."""
+    info = json.dumps(GOOD_INFO).encode() if info is None else info
     loop = asyncio.new_event_loop()
     stop = asyncio.Event()
     bound: list[int] = []
@@ -258,3 +263,49 @@ async def test_check_env_passes_on_a_remote_python_tool_as_it_does_locally():
         assert env.timing_info_keys == ("sandbox_s", "grading_s")
         remote = await check_env(env, actions=actions)
     assert remote.checks == local.checks and remote.steps == local.steps > 0
+
+
+WRONG_DESCRIPTIONS = [
+    (json.dumps({k: v for k, v in GOOD_INFO.items() if k != "tools"}), "the answer's 'tools' is None, not"),
+    (json.dumps({**GOOD_INFO, "max_action_chars": "100"}), "the answer's 'max_action_chars' is '100', not"),
+    (json.dumps({**GOOD_INFO, "max_action_chars": True}), "the answer's 'max_action_chars' is True, not"),
+    (json.dumps([GOOD_INFO]), "not a JSON object"),
+    ("<html>an nginx page</html>", "a body that is not JSON"),
+]
+
+
+@pytest.mark.parametrize(("info", "message"), WRONG_DESCRIPTIONS)
+def test_a_server_that_describes_itself_wrongly_is_a_protocol_error_at_construction(info, message):
+    with misbehaving_server("garbage", info.encode()) as url:
+        with pytest.raises(RemoteEnvError, match=re.escape(message)) as caught:
+            RemoteEnv(GUESS_NUMBER_ID, url, timeout_s=2, connect_timeout_s=2)
+    assert caught.value.kind == "protocol"
+
+
+def test_another_protocol_version_is_refused_naming_both():
+    with misbehaving_server("garbage", json.dumps({**GOOD_INFO, "protocol": 99}).encode()) as url:
+        with pytest.raises(ConfigError, match=re.escape(f"{url}: protocol 99, this client speaks 1")):
+            describe_servers(url)
+
+
+def test_eval_against_a_server_that_describes_itself_wrongly_stops_before_anything_is_written(tmp_path, capsys):
+    from agentenv import eval_command
+
+    info = json.dumps({k: v for k, v in GOOD_INFO.items() if k != "cut_turn"}).encode()
+    with misbehaving_server("garbage", info) as url:
+        out = tmp_path / "eval"
+        assert eval_command.main(["--remote", url, "--no-progress", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "agentenv eval: error:" in err and "the answer's 'cut_turn' is None" in err and "Traceback" not in err
+    assert not out.exists()
+
+
+def test_train_against_a_server_that_describes_itself_wrongly_stops_before_anything_is_written(tmp_path, capsys):
+    from agentenv.trainer import recipe
+
+    with misbehaving_server("garbage", json.dumps({**GOOD_INFO, "protocol": 99}).encode()) as url:
+        run = tmp_path / "run"
+        assert recipe.main(["--env-remote", url, "--run-dir", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert f"{url}: protocol 99, this client speaks 1" in err and "Traceback" not in err
+    assert not run.exists()

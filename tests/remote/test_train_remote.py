@@ -27,16 +27,18 @@ FAST = [
 ]
 
 
-@pytest.mark.parametrize("form", ["override", "flag"])
+@pytest.mark.parametrize("form", ["override", "flag", "flag without --env"])
 def test_train_against_a_remote_env(tmp_path, monkeypatch, form):
-    """``env.remote=URL`` with a recipe named, or ``--env-remote URL`` alone (the generic recipe is chosen)."""
+    """``env.remote=URL`` with a recipe named, or ``--env-remote URL`` alone (the generic recipe is chosen;
+    without ``--env`` the env the server serves)."""
     assert GUESS_NUMBER_ID not in agentenv.registry
     monkeypatch.setattr(setup, "load_policy", lambda cfg, **_: (tiny_lm(), None, CharRenderer()))
     run = tmp_path / "run"
     with running("--env-arg", "high=3", "--env-arg", "max_turns=2") as server:
         where = ["--recipe", "generic_cpu", f"env.remote={server.url}"] if form == "override" else \
             ["--env-remote", server.url]
-        argv = ["--env", GUESS_NUMBER_ID, "--run-dir", str(run), *FAST, *where, "eval.problems=3"]
+        named = [] if form == "flag without --env" else ["--env", GUESS_NUMBER_ID]
+        argv = [*named, "--run-dir", str(run), *FAST, *where, "eval.problems=3"]
         assert recipe.main(argv) == 0
         health = httpx.get(server.url + "/health", timeout=10).json()
     assert GUESS_NUMBER_ID not in agentenv.registry  # never built in this process
