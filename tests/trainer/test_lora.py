@@ -161,7 +161,8 @@ def test_the_async_loop_learns_a_small_task_with_lora_and_exports_merged_weights
     rewards = [r["reward/mean"] for r in rows]
     first, last = statistics.fmean(rewards[:5]), statistics.fmean(rewards[-5:])
     assert summary["updates"] >= 10 and last >= first + 0.25, rewards
-    # every sync was adapter-only and the engine sampled the learner's policy (float32: numerics only)
+    # the engine decoded the learner's adapted parameters in place and sampled its policy (float32:
+    # numerics only); adapter-only syncs to an engine with its own copy: tests/trainer/test_sync_check.py
     assert all(r["sync/probe_logprob_gap"] < 1e-5 for r in rows if r["learner/stepped"])
     # the checkpoint merges into the base model's names
     from safetensors.torch import load_file

@@ -64,12 +64,12 @@ class DeafEngine:
         await self.engine.close()
 
 
-def run(tmp_path, build_engine=None):
+def run(tmp_path, build_engine=None, extra=()):
     parts = LoopParts(load_policy=lambda cfg, **_: (tiny_llama(vocab_size=300), None, CharRenderer()),
                       env_factory=lambda cfg, *_: EvenCharEnv)
     if build_engine is not None:
         parts = replace(parts, build_engine=build_engine)
-    cfg, _ = recipe.parse_args(["--run-dir", str(tmp_path / "run"), *OVERRIDES])
+    cfg, _ = recipe.parse_args(["--run-dir", str(tmp_path / "run"), *OVERRIDES, *extra])
     run_dir = recipe.prepare_run_dir(cfg, resume=False, overwrite=False)
     return asyncio.run(asyncio.wait_for(train_loop.train(cfg, run_dir, parts=parts), 100)), run_dir
 
@@ -164,3 +164,63 @@ async def test_the_probe_requests_share_the_engine_and_a_dying_engine_skips_the_
     assert engine.most == 4  # all four in flight together, not one after the other
     with pytest.raises(ValueError, match="not an engine error"):
         await check.after_sync(GaugeEngine(fail=ValueError("not an engine error")), learner=None, version=3)
+
+
+class CopyingEngine:
+    """An engine with its own copy of the weights (the loop cannot decode in place through it): every
+    version is copied into it, and the names of each update are kept."""
+
+    def __init__(self, engine: TransformersEngine) -> None:
+        self.engine = engine
+        self.updates: list[tuple[int, set[str], int]] = []  # (version, tensor names, elements)
+
+    @property
+    def version(self) -> int:
+        return self.engine.version
+
+    @property
+    def max_context_tokens(self) -> int:
+        return self.engine.max_context_tokens
+
+    async def generate(self, prompt_ids, params) -> GenerationOutput:
+        return await self.engine.generate(prompt_ids, params)
+
+    async def update_weights(self, weights, version) -> None:
+        self.updates.append((version, set(weights), sum(t.numel() for t in weights.values())))
+        await self.engine.update_weights(weights, version)
+
+    async def close(self) -> None:
+        await self.engine.close()
+
+
+LORA = ["learner.lora_rank=4", "learner.lora_alpha=8"]
+
+
+def test_lora_syncs_only_the_adapters_to_a_copied_engine_which_then_samples_the_learners_policy(tmp_path):
+    engines: list[CopyingEngine] = []
+
+    def copying(cfg, model, tokenizer):
+        engines.append(CopyingEngine(TransformersEngine(model, None, max_batch_size=8, seed=cfg.run.seed)))
+        return engines[-1]
+
+    summary, run_dir = run(tmp_path, copying, extra=LORA)
+    assert summary["updates"] == 3
+    (engine,) = engines
+    model = engine.engine.model
+    adapters = {n for n, p in model.named_parameters() if "lora_" in n}
+    full = sum(t.numel() for t in model.state_dict().values())
+    assert [v for v, _, _ in engine.updates] == [1, 2, 3]
+    for _, names, elements in engine.updates:
+        assert names == adapters and elements < full / 10  # the adapters, every one of them, and nothing else
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    gaps = [r["sync/probe_logprob_gap"] for r in rows if r["learner/stepped"]]
+    assert len(gaps) == 3 and all(0 <= g < FLOAT32_BOUND / 10 for g in gaps), gaps
+
+
+def test_an_engine_that_keeps_the_old_adapter_stops_a_lora_run_at_the_first_update(tmp_path):
+    def deaf(cfg, model, tokenizer):
+        return DeafEngine(TransformersEngine(model, None, max_batch_size=8, seed=cfg.run.seed))
+
+    with pytest.raises(SamplingMismatch, match=r"does not sample policy version 1: .* nats per token \(bound 1e-05\)"):
+        run(tmp_path, deaf, extra=LORA)
+    assert (tmp_path / "run" / "metrics.jsonl").read_text() == ""
