@@ -15,7 +15,14 @@ so that ``transformers.AutoModelForCausalLM.from_pretrained(OUT)`` and ``agenten
 transformers asks for), so a 7B export needs no more memory than a small one. A LoRA run's weights
 (``learner.lora_rank > 0``) are merged into the base weights first
 (:func:`agentenv.trainer.learners.lora.merged_state_dict`),
-which holds them in memory once.
+which holds them in memory once. With ``adapter=True`` (``--adapter``) a LoRA run is written as a peft
+adapter instead, to be loaded over the base model (``peft.PeftModel.from_pretrained(base, OUT)``, or
+vLLM's ``LoRARequest``)::
+
+    OUT/
+      adapter_config.json                     # peft's LoraConfig: r, lora_alpha, target_modules, base model
+      adapter_model.safetensors               # the adapter tensors under peft's names
+      tokenizer files, chat template, agentenv_export.json
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ from typing import Annotated, Any
 
 import tyro
 
-from agentenv.errors import AgentEnvError, CheckpointError, RunFolderError
+from agentenv.errors import AgentEnvError, CheckpointError, ConfigError, RunFolderError
 from agentenv.output_folders import EXPORT, RUN, claim_folder
 
 #: Bytes copied at a time when streaming the weights.
@@ -121,17 +128,27 @@ def _check_keys(checkpoint: Path, held: set[str], config: Any) -> None:
                               f"({len(missing)} tensors missing, e.g. {missing[0]!r})")
 
 
-def export(run: Path, out: Path, *, version: int | None = None, overwrite: bool = False) -> Path:
+def export(run: Path, out: Path, *, version: int | None = None, overwrite: bool = False,
+           adapter: bool = False) -> Path:
     """Write the checkpoint of ``run`` at ``version`` (None: the latest) as a model folder ``out``; return it.
+
+    Args:
+        run: The training run folder.
+        out: The folder to write (new, empty, or an earlier export with ``overwrite``).
+        version: The checkpoint's policy version; None: the latest.
+        overwrite: Replace an earlier export in ``out``.
+        adapter: Write a LoRA run's adapters alone, as a peft adapter folder (see the module docstring);
+            False: the merged model.
 
     Raises:
         RunFolderError: ``run`` is not a run folder; ``out`` holds files and is not an earlier export
             (or is one and ``overwrite`` is False).
         CheckpointError: No such checkpoint, or weights that do not fit the base model.
-        ConfigError: The base model (``model.name`` of the run's config) cannot be found.
+        ConfigError: The base model (``model.name`` of the run's config) cannot be found; ``adapter``
+            for a run that trained every weight.
     """
     import yaml
-    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+    from transformers import AutoConfig, AutoTokenizer
 
     from agentenv.models import DEFAULT_ALIASES, chat_template, resolve_model_path
     from agentenv.trainer.checkpoint import read_meta
@@ -145,6 +162,9 @@ def export(run: Path, out: Path, *, version: int | None = None, overwrite: bool 
     weights = checkpoint / "model.safetensors"
     learner = cfg.get("learner") or {}
     lora_rank = int(learner.get("lora_rank") or 0)
+    if adapter and not lora_rank:
+        raise ConfigError(f"--adapter: {run} trained every weight (learner.lora_rank 0), so it has no adapter; "
+                          "export it without --adapter")
     merged = None
     if lora_rank:  # a LoRA run: the adapters merged into the base weights, under the base model's names
         from safetensors.torch import load_file
@@ -159,26 +179,49 @@ def export(run: Path, out: Path, *, version: int | None = None, overwrite: bool 
         tokenizer.chat_template = chat_template()
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.save_pretrained(out)
+    if adapter:
+        _write_peft_adapter(weights, out, rank=lora_rank, alpha=float(learner["lora_alpha"]), base=base)
+    else:
+        _write_model(weights, merged, out, config, base)
+    meta = read_meta(checkpoint)
+    (out / EXPORT.sign).write_text(json.dumps({
+        "run": str(run.resolve()), "version": int(meta["version"]), "checkpoint": checkpoint.name,
+        "base_model": str(base), "adapter": adapter, "env": (cfg.get("env") or {}).get("id"),
+        "chat_template_kwargs": model_cfg.get("chat_template_kwargs") or {},
+    }, indent=2) + "\n")
+    return out
+
+
+def _write_model(weights: Path, merged: dict[str, Any] | None, out: Path, config: Any, base: Path | str) -> None:
+    """``config.json``, ``generation_config.json`` and ``model.safetensors`` (the checkpoint's, or ``merged``)."""
+    from transformers import GenerationConfig
+
     config.torch_dtype = _checkpoint_dtype(weights)
     config.save_pretrained(out)
     try:
         GenerationConfig.from_pretrained(base, local_files_only=True).save_pretrained(out)
     except OSError:  # the base has none: transformers' defaults apply
         pass
-    tokenizer.save_pretrained(out)
     if merged is None:
         copy_safetensors(weights, out / "model.safetensors", {"format": "pt"})
     else:
         from safetensors.torch import save_file
 
         save_file(merged, str(out / "model.safetensors"), metadata={"format": "pt"})
-    meta = read_meta(checkpoint)
-    (out / EXPORT.sign).write_text(json.dumps({
-        "run": str(run.resolve()), "version": int(meta["version"]), "checkpoint": checkpoint.name,
-        "base_model": str(base), "env": (cfg.get("env") or {}).get("id"),
-        "chat_template_kwargs": model_cfg.get("chat_template_kwargs") or {},
-    }, indent=2) + "\n")
-    return out
+
+
+def _write_peft_adapter(weights: Path, out: Path, *, rank: int, alpha: float, base: Path | str) -> None:
+    """``adapter_model.safetensors`` and ``adapter_config.json`` of the checkpoint's adapters in ``out``."""
+    from peft import LoraConfig
+    from safetensors.torch import load_file, save_file
+
+    from agentenv.trainer.learners.lora import peft_adapter
+
+    tensors, targets = peft_adapter(load_file(str(weights)))
+    LoraConfig(r=rank, lora_alpha=alpha, target_modules=targets, lora_dropout=0.0, task_type="CAUSAL_LM",
+               base_model_name_or_path=str(base), inference_mode=True).save_pretrained(str(out))
+    save_file(tensors, str(out / "adapter_model.safetensors"), metadata={"format": "pt"})
 
 
 @dataclass(frozen=True)
@@ -190,12 +233,15 @@ class ExportArgs:
         out: The model folder to write (new, empty or an earlier export).
         version: Policy version to export (default: the latest checkpoint).
         overwrite: Replace an earlier export in the --out folder.
+        adapter: A LoRA run's adapters alone, as a peft adapter folder (peft's PeftModel and vLLM's
+            LoRARequest load it over the base model); default: the merged model.
     """
 
     run: Annotated[Path, tyro.conf.Positional, tyro.conf.arg(metavar="RUN")]
     out: Path
     version: int | None = None
     overwrite: bool = False
+    adapter: bool = False
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -209,12 +255,18 @@ def main(argv: list[str] | None = None) -> int:
     if isinstance(args, int):
         return args
     try:
-        out = export(args.run, args.out, version=args.version, overwrite=args.overwrite)
+        out = export(args.run, args.out, version=args.version, overwrite=args.overwrite, adapter=args.adapter)
     except AgentEnvError as exc:
         print(f"agentenv export: {exc}", file=sys.stderr)
         return 2
     meta = json.loads((out / EXPORT.sign).read_text())
     hint = "".join(f" --chat-template-kwarg {k}={json.dumps(v)}" for k, v in meta["chat_template_kwargs"].items())
+    if meta["adapter"]:
+        print(f"exported the adapters of version {meta['version']} of {args.run} to {out}\n"
+              f"load them over the base model {meta['base_model']}: "
+              f"peft.PeftModel.from_pretrained(base, {str(out)!r}), or vLLM's LoRARequest; "
+              "`agentenv export` without --adapter writes the merged model")
+        return 0
     print(f"exported version {meta['version']} of {args.run} to {out}\n"
           f"evaluate it: agentenv eval --env {meta['env']} --model {out}{hint}")
     return 0

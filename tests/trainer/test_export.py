@@ -95,3 +95,56 @@ def test_eval_names_the_export_for_a_checkpoint_folder(base, tmp_path, guess_num
     err = capsys.readouterr().err
     assert "is a training checkpoint" in err and f"agentenv export {run} --out MODEL_DIR" in err
     assert not (tmp_path / "e").exists()
+
+
+def lora_run(folder, base, *, rank=2, alpha=4.0):
+    """A LoRA run folder: adapters on q_proj and v_proj with B drawn at random (so they change the output)."""
+    from transformers import AutoModelForCausalLM
+
+    from agentenv.trainer.learners.lora import add_lora
+
+    folder.mkdir()
+    ensure_run_id(folder)
+    cfg = {"env": {"id": "python_tool"}, "model": {"name": str(base)},
+           "learner": {"lora_rank": rank, "lora_alpha": alpha, "lora_target_modules": ["q_proj", "v_proj"]}}
+    (folder / "config.yaml").write_text(yaml.safe_dump(cfg))
+    torch.manual_seed(0)
+    model = add_lora(AutoModelForCausalLM.from_pretrained(base), rank=rank, alpha=alpha, targets=("q_proj", "v_proj"))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)
+    save_checkpoint(folder / "checkpoints", model=model.state_dict(), optimizer=None, scheduler=None, version=3,
+                    keep=0)
+    return folder, model
+
+
+def test_a_lora_run_exports_merged_or_as_a_peft_adapter_computing_what_the_policy_does(base, tmp_path, capsys):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    run, policy = lora_run(tmp_path / "run", base)
+    ids = torch.tensor([[1, 5, 7, 9, 2, 11]])
+    with torch.no_grad():
+        expected = policy(ids).logits
+        assert not torch.allclose(expected, AutoModelForCausalLM.from_pretrained(base)(ids).logits, atol=1e-3)
+    assert main([str(run), "--out", str(tmp_path / "merged")]) == 0
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged")
+    assert main([str(run), "--out", str(tmp_path / "adapter"), "--adapter"]) == 0
+    assert "load them over the base model" in capsys.readouterr().out
+    adapter = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert (adapter["r"], adapter["lora_alpha"], sorted(adapter["target_modules"])) == (2, 4.0, ["q_proj", "v_proj"])
+    assert adapter["base_model_name_or_path"] == str(base) and not (tmp_path / "adapter" / "config.json").exists()
+    over_base = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), tmp_path / "adapter")
+    with torch.no_grad():
+        torch.testing.assert_close(merged(ids).logits, expected, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(over_base(ids).logits, expected, rtol=0, atol=1e-5)
+    meta = json.loads((tmp_path / "adapter" / "agentenv_export.json").read_text())
+    assert (meta["version"], meta["adapter"]) == (3, True)
+
+
+def test_adapter_export_of_a_run_without_adapters_is_refused(base, tmp_path, capsys):
+    run = fake_run(tmp_path / "run", base, [1])
+    assert main([str(run), "--out", str(tmp_path / "o"), "--adapter"]) == 2
+    assert "trained every weight (learner.lora_rank 0), so it has no adapter" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
