@@ -58,7 +58,8 @@ from agentenv.trainer.learners.contract import PolicyLearner
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["LOGS", "RUN_STATE_FORMAT", "Resumed", "check_resumable", "ensure_run_id", "records_updates", "resume",
+__all__ = ["LOGS", "RUN_STATE_FORMAT", "Resumed", "check_before_loading", "check_resumable", "checked_run_state",
+           "ensure_run_id", "records_updates", "resume",
            "run_identity", "run_state"]
 
 RUN_STATE_FORMAT = 2
@@ -151,6 +152,48 @@ def check_resumable(path: Path | None, extra: dict[str, Any], identity: dict[str
                              "or start a new run folder")
 
 
+def checked_run_state(root: Path, path: Path, identity: dict[str, Any]) -> dict[str, Any]:
+    """The run state of checkpoint ``path`` (under ``root``), once it is readable and this run's.
+
+    Reads ``meta.json`` only, so it can run before the model loads (:func:`check_before_loading`).
+
+    Raises:
+        CheckpointError: ``meta.json`` is missing, truncated or corrupt (the message names the other
+            checkpoints, and how to resume from one).
+        RunFolderError: The state is not a run state of a format this agentenv reads, or the checkpoint
+            belongs to another run or config (:func:`check_resumable`).
+    """
+    try:
+        extra = read_meta(path)["extra"]
+    except CheckpointError as exc:
+        raise _unreadable(exc, root, path) from exc
+    where = path / "meta.json"
+    if not isinstance(extra, dict):
+        raise RunFolderError(f"{where}: holds no run state (its extra is {type(extra).__name__})")
+    fmt = extra.get("format", 1)
+    if not isinstance(fmt, int) or not 1 <= fmt <= RUN_STATE_FORMAT:
+        raise RunFolderError(f"{where}: run state format {fmt!r}, this agentenv reads formats 1 to "
+                             f"{RUN_STATE_FORMAT}; resume it with the agentenv that wrote it")
+    check_resumable(path, extra, identity)
+    return extra
+
+
+def check_before_loading(run_dir: Path, identity: dict[str, Any]) -> None:
+    """Refuse ``--resume`` of a checkpoint this run cannot continue before the model (and its warm-up) loads.
+
+    The latest checkpoint's ``meta.json`` is checked as :func:`resume` checks it (another model, env,
+    objective, group size, LoRA or run id); a folder without a checkpoint passes (:func:`resume`
+    decides what that means).
+
+    Raises:
+        CheckpointError, RunFolderError: As :func:`checked_run_state`.
+    """
+    root = run_dir / "checkpoints"
+    path = latest_checkpoint(root) if root.is_dir() else None
+    if path is not None:
+        checked_run_state(root, path, identity)
+
+
 def run_state(pool: Any, collector: Any, identity: dict[str, Any], run_dir: Path, resumed: Resumed) -> dict[str, Any]:
     """The checkpoint's ``extra``: pool, task stream, log lengths, identity, resume counts (call on the loop).
 
@@ -197,18 +240,8 @@ def resume(run_dir: Path, checkpoints: CheckpointManager, learner: PolicyLearner
                     root, _said(done))
         _record(run_dir, done)
         return done
-    try:
-        extra = read_meta(path)["extra"]
-    except CheckpointError as exc:
-        raise _unreadable(exc, root, path) from exc
-    where = path / "meta.json"
-    if not isinstance(extra, dict):
-        raise RunFolderError(f"{where}: holds no run state (its extra is {type(extra).__name__})")
-    fmt = extra.get("format", 1)
-    if not isinstance(fmt, int) or not 1 <= fmt <= RUN_STATE_FORMAT:
-        raise RunFolderError(f"{where}: run state format {fmt!r}, this agentenv reads formats 1 to "
-                             f"{RUN_STATE_FORMAT}; resume it with the agentenv that wrote it")
-    check_resumable(path, extra, identity)
+    extra = checked_run_state(root, path, identity)
+    where, fmt = path / "meta.json", extra.get("format", 1)
     try:
         pool.load_state_dict(extra["pool"])
     except (KeyError, AgentEnvError) as exc:

@@ -56,7 +56,7 @@ from agentenv.trainer.metrics import MetricsWriter
 from agentenv.trainer.overlap import overlap, timed_env_factory
 from agentenv.trainer.pause import pause_point
 from agentenv.trainer.plots import plot_run
-from agentenv.trainer.resume import Resumed, ensure_run_id, run_identity, run_state
+from agentenv.trainer.resume import Resumed, check_before_loading, ensure_run_id, run_identity, run_state
 from agentenv.trainer.resume import resume as resume_run
 from agentenv.trainer.setup import LoopParts
 from agentenv.trainer.sync_check import SyncCheck
@@ -168,7 +168,7 @@ async def _train(cfg: TrainConfig, run_dir: Path, parts: LoopParts, *, resume: b
     random.seed(cfg.run.seed)
     torch.manual_seed(cfg.run.seed)
     t_start = time.time()
-    await _check(cfg, parts)                                                    # 1. checks
+    await _check(cfg, parts, run_dir, resume)                                   # 1. checks
     run = await _open(cfg, run_dir, parts, resume, stop, halt, loop_seconds)   # 2. model, engine, pool
     saved_at_start = run.learner.version
     if cfg.eval.problems and not (run_dir / "eval_before.json").exists():
@@ -226,16 +226,19 @@ async def _train(cfg: TrainConfig, run_dir: Path, parts: LoopParts, *, resume: b
 
 
 # -- 1. checks ------------------------------------------------------------------------------------
-async def _check(cfg: TrainConfig, parts: LoopParts) -> None:
-    """The environment before the model, so that a wrong setting fails in seconds.
+async def _check(cfg: TrainConfig, parts: LoopParts, run_dir: Path, resume: bool) -> None:
+    """The environment and the checkpoint to resume before the model, so that a wrong setting fails in seconds.
 
     A wrong id or constructor argument (env.kwargs, env.eval_kwargs), a warm-up or held-out evaluation
-    the env cannot serve.
+    the env cannot serve; with ``resume``, a checkpoint of another run or config (model, env, objective,
+    group size, LoRA), refused before the model and its warm-up load.
     """
     parts.env_factory(cfg)  # checks the id and the constructor arguments; built for real in _open, with the renderer
     setup.check_warmup(cfg)
     if cfg.eval.problems:
         await held_out_tasks(cfg)
+    if resume:
+        check_before_loading(run_dir, run_identity(cfg, rollouts_per_task(cfg), ensure_run_id(run_dir)))
 
 
 # -- 2. model, engine, pool, collector; resume -----------------------------------------------------

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import shutil
 from dataclasses import replace
 
@@ -187,3 +188,26 @@ async def test_the_collector_state_round_trips_and_requeues_in_flight_tasks_firs
     with pytest.raises(DataError, match="bad collector state"):
         c.load_state_dict({"in_flight": [1]})
     assert c.next_seed == 7
+
+
+@pytest.mark.parametrize(("override", "said"), [
+    ("model.name=another-base-model", "model 'embedded SmolLM2-135M-Instruct' (this run: 'another-base-model')"),
+    ("learner.lora_rank=4", "lora None (this run: {'rank': 4"),
+])
+def test_a_resume_of_another_base_model_or_adapters_is_refused_before_the_model_loads(tmp_path, trained, override,
+                                                                                       said):
+    loads = []
+
+    def load_policy(cfg, **kwargs):
+        loads.append(cfg.model.name)
+        return scripted_parts([]).load_policy(cfg, **kwargs)
+
+    argv = ["--run-dir", str(tmp_path / "run"), *OVERRIDES, "run.checkpoint_every=1", "--updates", "3", override,
+            "--resume"]
+    cfg, args = recipe.parse_args(argv)
+    run_dir = recipe.prepare_run_dir(cfg, resume=True, overwrite=False)
+    cfg = recipe.resumed_config(run_dir, args.overrides)
+    parts = replace(scripted_parts([]), env_factory=lambda cfg, *_: SlowCountdownEnv, load_policy=load_policy)
+    with pytest.raises(RunFolderError, match=re.escape(f"written by another run: {said}")):
+        asyncio.run(asyncio.wait_for(train_loop.train(cfg, run_dir, resume=True, parts=parts), 90))
+    assert loads == []  # refused before the policy (and its warm-up) loaded
