@@ -157,13 +157,18 @@ def load_policy(
     """Load the policy and its tokenizer; apply the (cached) warm-up when ``warmup.steps > 0``.
 
     Raises:
-        ConfigError: ``warmup.steps > 0`` for an env without scripted demonstrations (:func:`check_warmup`).
+        ConfigError: ``warmup.steps > 0`` for an env without scripted demonstrations (:func:`check_warmup`);
+            a LoRA target the model does not have (before the warm-up; the message lists the ones it has).
         Interrupted: ``should_stop()`` became true during the warm-up (nothing is cached then).
     """
     from agentenv.models import load_model_and_tokenizer
 
     check_warmup(cfg)
     model, tokenizer = load_model_and_tokenizer(cfg.model.name, device=cfg.model.device)
+    if cfg.learner.lora_rank:  # before the warm-up (minutes on a cache miss); the adapters come with the learner
+        from agentenv.trainer.learners.lora import check_targets
+
+        check_targets(model, cfg.learner.lora_target_modules)
     renderer = ChatRenderer(tokenizer, template_kwargs=dict(cfg.model.chat_template_kwargs))
     if cfg.warmup.steps > 0:
         model = warmed_up(cfg, model, tokenizer, renderer, should_stop=should_stop)

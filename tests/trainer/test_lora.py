@@ -174,3 +174,17 @@ def test_the_async_loop_learns_a_small_task_with_lora_and_exports_merged_weights
     merged = merged_state_dict(saved, rank=4, alpha=8.0)
     assert set(merged) <= set(tiny_llama().state_dict())
     assert yaml.safe_load((run_dir / "config.yaml").read_text())["learner"]["lora_rank"] == 4
+
+
+def test_a_target_the_model_lacks_is_refused_before_the_warm_up(monkeypatch):
+    import agentenv.models
+    from agentenv.trainer import setup
+
+    warmed = []
+    monkeypatch.setattr(agentenv.models, "load_model_and_tokenizer", lambda name, **_: (tiny_llama(), None))
+    monkeypatch.setattr(setup, "warmed_up", lambda *a, **k: warmed.append(1))
+    cfg, _ = recipe.parse_args(["learner.lora_rank=8", "learner.lora_target_modules=[q_proj,c_attn]"])
+    assert cfg.warmup.steps > 0  # the default recipe warms up
+    with pytest.raises(ConfigError, match=r"no linear layer named c_attn; it has down_proj, gate_proj, k_proj"):
+        setup.load_policy(cfg)
+    assert warmed == []

@@ -242,6 +242,10 @@ class LearnerConfig:
         lora_target_modules: Linear layers to adapt, by their last name component (``q_proj``,
             ``v_proj``, ...), or ``["all-linear"]``: every linear layer but the output projection (the
             same reference: attention-only LoRA learns worse).
+
+    LoRA has no dropout setting: dropout on the adapters would make the learner's log-probabilities
+    those of a randomly thinned policy, not of the one the engine sampled, so at policy lag 0 the
+    importance ratio and the sampling check (``sync/probe_logprob_gap``) would measure noise.
     """
 
     MOVED_FIELDS: ClassVar[dict[str, str]] = {

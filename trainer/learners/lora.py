@@ -25,8 +25,8 @@ import torch
 from agentenv.engines.weights import is_adapter_name
 from agentenv.errors import ConfigError
 
-__all__ = ["ALL_LINEAR", "add_lora", "adapter_state", "has_adapters", "linear_module_names", "merged_state_dict",
-           "peft_adapter"]
+__all__ = ["ALL_LINEAR", "add_lora", "adapter_state", "check_targets", "has_adapters", "linear_module_names",
+           "merged_state_dict", "peft_adapter"]
 
 #: ``learner.lora_target_modules`` value for every linear layer except the output projection (peft's name).
 ALL_LINEAR = "all-linear"
@@ -60,6 +60,22 @@ def add_lora(model: torch.nn.Module, *, rank: int, alpha: float, targets: Sequen
         raise ConfigError(f"learner.lora_rank must be >= 1 for LoRA (0: full fine-tuning), got {rank}")
     if not alpha > 0:
         raise ConfigError(f"learner.lora_alpha must be > 0, got {alpha}")
+    names = check_targets(model, targets)
+    target: str | list[str] = ALL_LINEAR if names == [ALL_LINEAR] else names
+    # no dropout: the learner's log-probabilities must be those of the policy the engine samples
+    inject_adapter_in_model(LoraConfig(r=rank, lora_alpha=alpha, target_modules=target, lora_dropout=0.0), model)
+    for name, param in model.named_parameters():
+        param.requires_grad_(is_adapter_name(name))
+    return model
+
+
+def check_targets(model: torch.nn.Module, targets: Sequence[str]) -> list[str]:
+    """``targets`` as a list, once each names a linear layer of ``model`` (or is ``["all-linear"]``).
+
+    Raises:
+        ConfigError: No target, or a target that names no linear layer of the model (the message lists
+            the ones it has).
+    """
     names = list(targets)
     if not names:
         raise ConfigError(f"learner.lora_target_modules is empty: name linear layers or {ALL_LINEAR!r}")
@@ -69,11 +85,7 @@ def add_lora(model: torch.nn.Module, *, rank: int, alpha: float, targets: Sequen
         if unknown:
             raise ConfigError(f"learner.lora_target_modules: the model has no linear layer named "
                               f"{', '.join(unknown)}; it has {', '.join(have)} (or use {ALL_LINEAR!r})")
-    target: str | list[str] = ALL_LINEAR if names == [ALL_LINEAR] else names
-    inject_adapter_in_model(LoraConfig(r=rank, lora_alpha=alpha, target_modules=target, lora_dropout=0.0), model)
-    for name, param in model.named_parameters():
-        param.requires_grad_(is_adapter_name(name))
-    return model
+    return names
 
 
 def has_adapters(model: torch.nn.Module) -> bool:
