@@ -130,6 +130,7 @@ class _Run:
     resumed: Resumed = field(default_factory=Resumed)
     sync_check: SyncCheck | None = None  # the engine samples the version it claims (trainer/sync_check.py)
     sync_gap: float | None = None  # the latest probe gap (nats per token)
+    sync: dict[str, float] = field(default_factory=dict)  # the latest weight sync: sync/bytes, sync/seconds
     saved_version: int = 0  # the version of the latest checkpoint
     batches: int = 0  # consumed, with or without an optimizer step
 
@@ -351,6 +352,10 @@ async def _rollout(run: _Run, logs: _Logs, halt: asyncio.Event) -> BatchSelectio
 async def _update(run: _Run, selection: BatchSelection) -> UpdateStats:
     """One optimizer step on the batch, then the new weights to the engine (in place: nothing to copy).
 
+    ``run.sync`` gets the step's ``sync/bytes`` (the tensors the engine received: the adapters alone
+    for LoRA, 0 in place or while a forced lag holds the version back) and ``sync/seconds`` (the
+    weights' copy out of the learner and into the engine, wall clock).
+
     A batch without gradient takes no step (the version stays, the engine keeps its weights, so the
     next batch is gated at the same lag); it is discarded all the same. The learner counts as busy until
     the engine holds the new weights; the step's freed activations leave the process at the next
@@ -360,14 +365,25 @@ async def _update(run: _Run, selection: BatchSelection) -> UpdateStats:
     with run.instruments.busy.learner.running():
         async with run.learner_lock:
             stats = await asyncio.to_thread(_step, learner, selection)
+        run.sync = {"sync/bytes": 0.0, "sync/seconds": 0.0} if stats.stepped else {}  # in place: nothing moves
         if stats.stepped and not run.in_place:  # the state-dict copy runs in a worker thread too
+            start = time.perf_counter()
             weights = await asyncio.to_thread(learner.weights_for_engine)
             due = run.instruments.due(learner.version, weights)  # under a forced lag: k versions ago, or none
             if due is not None:
                 await engine.update_weights(due.weights, due.version)
+                run.sync["sync/bytes"] = float(weights_bytes(due.weights))
+            run.sync["sync/seconds"] = time.perf_counter() - start
             del weights, due  # the engine has copied them in: this copy must not live through the next step
             await run.instruments.after_step(learner, selection)
     return stats
+
+
+def weights_bytes(weights: Any) -> int:
+    """Bytes of a weight update: its tensors' (a state dict), or the file's (a safetensors path)."""
+    if isinstance(weights, (str, Path)):
+        return Path(weights).stat().st_size
+    return sum(t.numel() * t.element_size() for t in weights.values())
 
 
 async def _check_sync(run: _Run, selection: BatchSelection, stats: UpdateStats) -> None:
@@ -402,6 +418,7 @@ def _log(run: _Run, logs: _Logs, selection: BatchSelection, stats: UpdateStats, 
     row.update(run.instruments.figures())  # probe entropy, busy/* since the loop began, faults/*
     if run.sync_gap is not None:
         row["sync/probe_logprob_gap"] = run.sync_gap
+    row.update(run.sync)
     row["train/batches"] = run.batches
     row.update(run.resumed.figures())  # resume/count, resume/requeued_tasks_total (in-flight tasks replayed)
     logs.metrics.log(run.batches, row)

@@ -82,6 +82,8 @@ def test_a_correct_sync_logs_a_gap_within_the_bound_after_every_update(tmp_path)
     assert len(gaps) == 3
     # float32 engine and learner at the same weights: numerics only, far below the bound
     assert all(0 <= g < FLOAT32_BOUND / 10 for g in gaps), gaps
+    # the engine decodes the learner's own parameters: no weights move
+    assert [(r["sync/bytes"], r["sync/seconds"]) for r in rows] == [(0.0, 0.0)] * 3
 
 
 def test_a_sync_that_does_not_take_stops_the_run_at_the_first_update(tmp_path):
@@ -215,6 +217,9 @@ def test_lora_syncs_only_the_adapters_to_a_copied_engine_which_then_samples_the_
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     gaps = [r["sync/probe_logprob_gap"] for r in rows if r["learner/stepped"]]
     assert len(gaps) == 3 and all(0 <= g < FLOAT32_BOUND / 10 for g in gaps), gaps
+    # each row says what moved: the adapters' float32 bytes, and the time the copy took
+    assert [r["sync/bytes"] for r in rows] == [4.0 * elements for _, _, elements in engine.updates]
+    assert all(r["sync/seconds"] > 0 for r in rows)
 
 
 def test_an_engine_that_keeps_the_old_adapter_stops_a_lora_run_at_the_first_update(tmp_path):
