@@ -188,3 +188,51 @@ def test_a_target_the_model_lacks_is_refused_before_the_warm_up(monkeypatch):
     with pytest.raises(ConfigError, match=r"no linear layer named c_attn; it has down_proj, gate_proj, k_proj"):
         setup.load_policy(cfg)
     assert warmed == []
+
+
+def test_a_lora_run_resumes_with_its_adapters_and_its_base_unchanged(tmp_path):
+    from safetensors.torch import load_file
+
+    from agentenv.trainer import setup
+    from tests.trainer.test_sync_check import OVERRIDES as SHORT
+
+    restored = {}
+
+    def build_learner(cfg, model):  # keeps the adapters the learner holds right after a restore
+        learner = setup.build_learner(cfg, model)
+        restore = learner.restore
+
+        def keep(root):
+            out = restore(root)
+            restored.update(adapter_state(learner.model))
+            return out
+
+        learner.restore = keep
+        return learner
+
+    def train(updates, resume):
+        parts = LoopParts(load_policy=lambda cfg, **_: (tiny_llama(vocab_size=300), None, CharRenderer()),
+                          env_factory=lambda cfg, *_: EvenCharEnv, build_learner=build_learner)
+        argv = ["--run-dir", str(tmp_path / "run"), *SHORT, "--updates", str(updates), "run.checkpoint_every=1",
+                "learner.lora_rank=4", "learner.lora_alpha=8", *(["--resume"] if resume else [])]
+        cfg, args = recipe.parse_args(argv)
+        run_dir = recipe.prepare_run_dir(cfg, resume=resume, overwrite=False)
+        if resume:
+            cfg = recipe.resumed_config(run_dir, args.overrides)
+        return asyncio.run(asyncio.wait_for(train_loop.train(cfg, run_dir, resume=resume, parts=parts), 100))
+
+    assert train(2, resume=False)["updates"] == 2
+    ckpts = tmp_path / "run" / "checkpoints"
+    at_2 = load_file(str(ckpts / "v00000002" / "model.safetensors"))
+    assert train(3, resume=True)["updates"] == 3
+    assert restored and all(torch.equal(t, at_2[n]) for n, t in restored.items())  # the adapters of version 2
+    at_3 = load_file(str(ckpts / "v00000003" / "model.safetensors"))
+    assert set(at_3) == set(at_2) and any(".lora_B." in k for k in at_3)
+    for name, t in at_3.items():
+        if ".lora_" in name:
+            continue
+        torch.testing.assert_close(t, at_2[name], rtol=0, atol=0)  # the base stayed frozen across the resume
+    moved = [n for n in at_3 if ".lora_" in n and not torch.equal(at_3[n], at_2[n])]
+    assert moved  # the third update trained the restored adapters
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["update"] for r in rows] == [1, 2, 3] and rows[-1]["resume/count"] == 1
