@@ -181,7 +181,11 @@ def export(run: Path, out: Path, *, version: int | None = None, overwrite: bool 
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.save_pretrained(out)
     if adapter:
-        _write_peft_adapter(weights, out, rank=lora_rank, alpha=float(learner["lora_alpha"]), base=base)
+        from safetensors.torch import load_file
+
+        from agentenv.engines.peft_adapter import write_peft_adapter
+
+        write_peft_adapter(load_file(str(weights)), out, rank=lora_rank, alpha=float(learner["lora_alpha"]), base=base)
     else:
         _write_model(weights, merged, out, config, base)
     meta = read_meta(checkpoint)
@@ -209,19 +213,6 @@ def _write_model(weights: Path, merged: dict[str, Any] | None, out: Path, config
         from safetensors.torch import save_file
 
         save_file(merged, str(out / "model.safetensors"), metadata={"format": "pt"})
-
-
-def _write_peft_adapter(weights: Path, out: Path, *, rank: int, alpha: float, base: Path | str) -> None:
-    """``adapter_model.safetensors`` and ``adapter_config.json`` of the checkpoint's adapters in ``out``."""
-    from peft import LoraConfig
-    from safetensors.torch import load_file, save_file
-
-    from agentenv.trainer.learners.lora import peft_adapter
-
-    tensors, targets = peft_adapter(load_file(str(weights)))
-    LoraConfig(r=rank, lora_alpha=alpha, target_modules=targets, lora_dropout=0.0, task_type="CAUSAL_LM",
-               base_model_name_or_path=str(base), inference_mode=True).save_pretrained(str(out))
-    save_file(tensors, str(out / "adapter_model.safetensors"), metadata={"format": "pt"})
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,16 @@ Weight updates (partial-rollout continuation):
 
 A request that had received no token when an update landed may or may not have been prefilled under
 the older weights; its ``prefix_version`` is reported as the older version (never newer than true).
+
+LoRA (``lora_rank > 0``): the engine serves the base model and one adapter per policy version. An
+adapter-only update (every tensor an adapter's) is written as a peft adapter folder and loaded as
+``LoRARequest("policy-vN", N + 1)`` before version N is announced; a new name and id per version, so
+vLLM never serves an older adapter under a reused name, and its prefix cache, whose block hashes
+include the adapter's name and path, never shares blocks across versions. A request keeps the adapter
+it started with (vLLM binds it per request), so every token of it carries that adapter's version: an
+adapter update neither pauses nor relabels the requests in flight, and the episode's next turn samples
+the new version. An older adapter is unloaded (and its folder deleted) once no request in flight uses
+it. Before the first adapter update the base model serves version 0 (peft's ``B = 0``: the same policy).
 """
 
 from __future__ import annotations
@@ -32,14 +42,17 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from agentenv.engines.base import ContinuationMode, GenerationOutput, SamplingParams, TokenSpan
 from agentenv.engines.sampling import validate_params
-from agentenv.engines.weights import load_weights
+from agentenv.engines.weights import is_adapter_name, load_weights
 from agentenv.errors import ClosedError, ConfigError, EngineDied, EngineError, WeightUpdateError
+
+if TYPE_CHECKING:
+    from vllm.lora.request import LoRARequest
 
 
 @dataclass(eq=False)
@@ -79,10 +92,13 @@ class VLLMEngine:
         version: Policy version of the initial weights.
         enable_prefix_caching: Only allowed with RECOMPUTE (see the module docstring).
         settle_timeout_s: Longest wait for streams to settle after a pause (seconds).
+        lora_rank: ``r`` of the policy's LoRA adapters; 0 (default): no adapters, full-weight updates.
+        lora_alpha: The adapters' scale numerator (the update is ``(lora_alpha / r) B A``).
         engine_kwargs: More ``AsyncEngineArgs`` fields (e.g. ``gpu_memory_utilization``).
 
     Raises:
-        ConfigError: vLLM is not installed, or prefix caching was asked for in KEEP mode.
+        ConfigError: vLLM is not installed, prefix caching was asked for in KEEP mode, or ``lora_rank``
+            is negative or above vLLM's largest (512).
         EngineError: The engine failed to start.
     """
 
@@ -98,6 +114,8 @@ class VLLMEngine:
         version: int = 0,
         enable_prefix_caching: bool = False,
         settle_timeout_s: float = 2.0,
+        lora_rank: int = 0,
+        lora_alpha: float = 32.0,
         **engine_kwargs: Any,
     ) -> None:
         try:
@@ -117,6 +135,9 @@ class VLLMEngine:
         if not torch.cuda.is_available():
             engine_kwargs.setdefault("enforce_eager", True)
             engine_kwargs.setdefault("compilation_config", {"mode": 0})
+        if lora_rank:
+            engine_kwargs.update(enable_lora=True, max_lora_rank=_vllm_lora_rank(lora_rank))
+            engine_kwargs.setdefault("max_loras", MAX_LIVE_ADAPTERS)
         self._owned_dir: Path | None = None  # set by from_model
         args = AsyncEngineArgs(
             model=str(model_path),
@@ -141,6 +162,10 @@ class VLLMEngine:
         self._settle_timeout = settle_timeout_s
         self._weights_dir: Path | None = None  # temp folder of the serving version's weights
         self._serving_path = self._model_path
+        self._lora_rank, self._lora_alpha = lora_rank, lora_alpha
+        self._adapter: LoRARequest | None = None  # the serving version's adapter (None: the base model)
+        self._adapter_users: dict[int, int] = {}  # adapter id -> requests in flight that sample with it
+        self._adapter_dirs: dict[int, Path] = {}  # adapter id -> its peft folder, while loaded
         self._closed = False
 
     @classmethod
@@ -213,9 +238,12 @@ class VLLMEngine:
         rid = uuid.uuid4().hex
         live = _Live(marks=[(0, self._version, self._version)])
         self._live[rid] = live
+        adapter = self._adapter  # the request samples with this adapter to its end (vLLM binds it per request)
+        if adapter is not None:
+            self._adapter_users[adapter.lora_int_id] = self._adapter_users.get(adapter.lora_int_id, 0) + 1
         finish = None
         try:
-            async for out in self._llm.generate({"prompt_token_ids": prompt}, vparams, rid):
+            async for out in self._llm.generate({"prompt_token_ids": prompt}, vparams, rid, lora_request=adapter):
                 comp = out.outputs[0]
                 for i, tok in enumerate(comp.token_ids):
                     live.tokens.append(int(tok))
@@ -233,6 +261,8 @@ class VLLMEngine:
             raise EngineError(f"vLLM failed the request: {exc!r}") from exc
         finally:
             self._live.pop(rid, None)
+            if adapter is not None:
+                await self._release_adapter(adapter.lora_int_id)
         n = len(live.tokens)
         stopped = finish == "stop" and n > 0 and live.tokens[-1] in params.stop_token_ids
         truncated = not stopped and len(prompt) + n >= self._max_context
@@ -305,6 +335,9 @@ class VLLMEngine:
     async def update_weights(self, weights: Mapping[str, torch.Tensor] | Path, version: int) -> None:
         """Pause at a token boundary, reload weights from a safetensors folder, resume as ``version``.
 
+        An adapter-only update (LoRA) loads version ``version``'s adapter instead, without a pause (see
+        the module docstring).
+
         Raises:
             WeightUpdateError: Unreadable or mismatching weights, a non-increasing version, or vLLM
                 failed to load them (then the previous weights are reloaded and keep serving).
@@ -317,6 +350,12 @@ class VLLMEngine:
                 raise WeightUpdateError(
                     f"new version {version} must exceed the serving version {self._version}"
                 )
+            if isinstance(weights, Mapping) and weights and all(is_adapter_name(k) for k in weights):
+                await self._load_adapter(weights, version)
+                return
+            if self._lora_rank:
+                raise WeightUpdateError("this engine serves LoRA adapters over a fixed base model: an update "
+                                        "must hold adapter tensors only")
             folder = await asyncio.to_thread(self._write_weights, weights)
             await self._llm.pause_generation(mode="keep", clear_cache=False)
             try:
@@ -349,13 +388,82 @@ class VLLMEngine:
             finally:
                 await self._llm.resume_generation()
 
+    async def _load_adapter(self, weights: Mapping[str, torch.Tensor], version: int) -> None:
+        """Load ``weights`` as version ``version``'s adapter, then serve it (call under the update lock).
+
+        Raises:
+            WeightUpdateError: The engine has no LoRA, the tensors are not a whole adapter, or vLLM
+                could not load it (the previous version keeps serving).
+        """
+        from vllm.lora.request import LoRARequest
+
+        from agentenv.engines.peft_adapter import write_peft_adapter
+
+        if not self._lora_rank:
+            raise WeightUpdateError("an adapter-only update, but this engine was started without LoRA (lora_rank 0)")
+        folder = Path(tempfile.mkdtemp(prefix="agentenv-adapter-"))
+        request = LoRARequest(f"policy-v{version}", version + 1, str(folder))
+        try:
+            await asyncio.to_thread(write_peft_adapter, weights, folder, rank=self._lora_rank, alpha=self._lora_alpha,
+                                    base=self._model_path)
+            loaded = await self._llm.add_lora(request)
+        except Exception as exc:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise WeightUpdateError(f"vLLM could not load the adapter of version {version}: {exc!r}") from exc
+        if not loaded:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise WeightUpdateError(f"vLLM did not load the adapter of version {version}")
+        self._adapter_dirs[request.lora_int_id] = folder
+        previous, self._adapter, self._version = self._adapter, request, version
+        if previous is not None:
+            await self._release_adapter(previous.lora_int_id, users=0)
+
+    async def _release_adapter(self, lora_id: int, users: int = 1) -> None:
+        """``users`` fewer requests use adapter ``lora_id``; unload it when none does and it no longer serves."""
+        left = self._adapter_users.get(lora_id, 0) - users
+        self._adapter_users[lora_id] = left
+        if left > 0 or (self._adapter is not None and self._adapter.lora_int_id == lora_id) or self._closed:
+            return
+        del self._adapter_users[lora_id]
+        folder = self._adapter_dirs.pop(lora_id, None)
+        try:
+            await self._llm.remove_lora(lora_id)
+        finally:
+            if folder is not None:
+                shutil.rmtree(folder, ignore_errors=True)
+
+    @property
+    def loaded_adapters(self) -> list[str]:
+        """Names of the adapters loaded now (``policy-vN``), oldest first: the serving one and those in use."""
+        return [f"policy-v{i - 1}" for i in sorted(self._adapter_dirs)]
+
     async def close(self) -> None:
-        """Shut the engine down and delete temporary weight folders. Safe to call twice."""
+        """Shut the engine down and delete temporary weight and adapter folders. Safe to call twice."""
         if self._closed:
             return
         self._closed = True
         self._llm.shutdown()
         self._llm = None  # drop it now, so its __del__ does not run again at interpreter exit
-        for folder in (self._weights_dir, self._owned_dir):
+        for folder in (self._weights_dir, self._owned_dir, *self._adapter_dirs.values()):
             if folder is not None:
                 shutil.rmtree(folder, ignore_errors=True)
+        self._adapter_dirs.clear()
+
+
+#: Adapters vLLM keeps active in one batch: the serving version's and older ones still finishing requests.
+MAX_LIVE_ADAPTERS = 4
+
+#: The LoRA ranks vLLM can be started with (``max_lora_rank``).
+_VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def _vllm_lora_rank(rank: int) -> int:
+    """The smallest ``max_lora_rank`` vLLM accepts that holds ``rank``.
+
+    Raises:
+        ConfigError: ``rank`` below 1 or above 512.
+    """
+    fits = [r for r in _VLLM_LORA_RANKS if r >= rank]
+    if rank < 1 or not fits:
+        raise ConfigError(f"lora_rank must be in [1, 512] for vLLM, got {rank}")
+    return fits[0]

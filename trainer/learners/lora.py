@@ -12,7 +12,7 @@ only (``r * (d_in + d_out)`` per layer instead of ``d_in * d_out``), which
 :func:`agentenv.engines.weights.check_state_dict` accepts when they cover every adapter tensor the
 engine's model has. A checkpoint holds the whole adapted state dict; ``agentenv export`` writes the merged
 weights ``W + (alpha / r) B A`` under the base model's names (:func:`merged_state_dict`), or with
-``--adapter`` the adapters alone as peft saves them (:func:`peft_adapter`).
+``--adapter`` the adapters alone as peft saves them (:mod:`agentenv.engines.peft_adapter`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from agentenv.engines.weights import is_adapter_name
 from agentenv.errors import ConfigError
 
 __all__ = ["ALL_LINEAR", "add_lora", "adapter_state", "check_targets", "has_adapters", "linear_module_names",
-           "merged_state_dict", "peft_adapter"]
+           "merged_state_dict"]
 
 #: ``learner.lora_target_modules`` value for every linear layer except the output projection (peft's name).
 ALL_LINEAR = "all-linear"
@@ -126,31 +126,3 @@ def merged_state_dict(state: Mapping[str, torch.Tensor], *, rank: int, alpha: fl
         out[f"{module}.weight"] = (base.float() + scale * delta).to(base.dtype)
     return out
 
-
-def peft_adapter(state: Mapping[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], list[str]]:
-    """The adapters of an adapted state dict as peft saves them, and the modules they adapt.
-
-    ``x.lora_A.<adapter>.weight`` becomes ``base_model.model.x.lora_A.weight`` (the names of
-    ``adapter_model.safetensors`` that ``peft.PeftModel.from_pretrained`` and vLLM's LoRA loader read);
-    the base weights are left out.
-
-    Returns:
-        ``(tensors, targets)``: the adapter tensors under peft's names, and the sorted last name
-        components of the adapted layers (``adapter_config.json``'s ``target_modules``).
-
-    Raises:
-        ValueError: ``state`` holds no adapter, or an adapted layer lacks one of ``A`` and ``B``.
-    """
-    tensors: dict[str, torch.Tensor] = {}
-    halves: dict[str, set[str]] = {}
-    for name, t in state.items():
-        m = _LORA.match(name)
-        if m:
-            tensors[f"base_model.model.{m['module']}.lora_{m['ab']}.weight"] = t.contiguous()
-            halves.setdefault(m["module"], set()).add(m["ab"])
-    if not halves:
-        raise ValueError("the state dict holds no LoRA adapter")
-    broken = [module for module, ab in halves.items() if ab != {"A", "B"}]
-    if broken:
-        raise ValueError(f"adapted layer {broken[0]!r} lacks one of lora_A, lora_B")
-    return tensors, sorted({module.rsplit(".", 1)[-1] for module in halves})
