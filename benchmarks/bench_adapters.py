@@ -9,7 +9,8 @@ latency: median and p95 (microseconds); the overhead is adapter minus direct, pe
 Cases: ``gym`` (a Gymnasium env with Text spaces, built by ``gymnasium.make``; the adapter inline
 and in a worker thread, its default), ``gem`` (GEM ``game:GuessTheNumber-v0-hard-no-max-turn``),
 ``textarena`` (``GuessTheNumber-v0-hardcore``), ``reasoning_gym`` (``lcm``: the one step is
-answer extraction plus the family's verifier).
+answer extraction plus the family's verifier), ``skyrl_gym`` (``gsm8k_multi_turn``: SkyRL's grader of a
+well-formed wrong answer and its next message; the adapter runs SkyRL's step in a worker thread).
 
     .venv/bin/python benchmarks/bench_adapters.py [--episodes 200] [--steps 6] [--deadline-s 120]
 """
@@ -151,6 +152,36 @@ async def case_reasoning_gym(args) -> tuple[list[float], list[float]]:
     return d, a
 
 
+async def case_skyrl_gym(args) -> tuple[list[float], list[float]]:
+    import tempfile
+
+    import skyrl_gym
+    from omegaconf import OmegaConf
+
+    rows = [{"env_class": "gsm8k_multi_turn", "prompt": [{"role": "user", "content": f"What is {i} + 1?"}],
+             "reward_spec": {"method": "rule", "ground_truth": str(i + 1)}, "extra_info": {"max_turns": args.steps + 1}}
+            for i in range(args.episodes)]
+    with tempfile.TemporaryDirectory() as folder:
+        data = Path(folder) / "rows.jsonl"
+        data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        env = agentenv.make("skyrl_gym/gsm8k_multi_turn", data=str(data))
+        d, a = [], []
+        for ep, row in enumerate(rows):
+            direct = skyrl_gym.make("gsm8k_multi_turn", env_config=OmegaConf.create({}),
+                                    extras={k: v for k, v in row.items() if k not in ("prompt", "env_class")})
+            direct.init(row["prompt"])
+            await env.reset(options={"task": ep})
+            for _ in range(args.steps):  # a well-formed wrong answer: the episode goes on
+                t = time.perf_counter()
+                direct.step("#### -1")
+                d.append(time.perf_counter() - t)
+                t = time.perf_counter()
+                await env.step("#### -1")
+                a.append(time.perf_counter() - t)
+        await env.close()
+    return d, a
+
+
 async def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--episodes", type=int, default=200)
@@ -164,6 +195,7 @@ async def main() -> None:
         "gem": lambda: case_gem(args),
         "textarena": lambda: case_textarena(args),
         "reasoning_gym": lambda: case_reasoning_gym(args),
+        "skyrl_gym": lambda: case_skyrl_gym(args),
     }
     rows = {}
     for name, run in cases.items():

@@ -11,12 +11,13 @@ id                               plays                                          
 ``reasoning_gym_tool/<FAMILY>``  the same with the sandboxed Python tool                ``reasoning-gym``   end
 ``gem/<GEM ID>``                 GEM, e.g. ``gem/game:GuessTheNumber-v0``               ``gem-llm``         act [1]_
 ``textarena/<ID>``               TextArena's single-player games                        ``textarena``       act
+``skyrl_gym/<ID>``               SkyRL-gym, one dataset row a task (``data=PATH``)      ``skyrl-gym``       end
 ===============================  =====================================================  ==================  ========
 
 ``cut_turn`` (:class:`agentenv.core.Env`) is what a reply cut by the per-turn token budget does: in a
 game (``act``) it is still played as the move and the game goes on; in a single graded answer
-(``end``) it ends the episode ungraded. gymnasium and reasoning-gym are core dependencies; gem-llm and
-textarena come with the ``[gem]`` and ``[textarena]`` extras.
+(``end``) it ends the episode ungraded. gymnasium and reasoning-gym are core dependencies; gem-llm,
+textarena and skyrl-gym come with the ``[gem]``, ``[textarena]`` and ``[skyrl]`` extras.
 
 .. [1] GEM's ids outside ``game:`` (math, QA: one graded answer) are ``end``.
 
@@ -92,6 +93,13 @@ ADAPTERS: tuple[Adapter, ...] = (
         "textarena",
         "TextArena {} (single player; reward at the end)",
     ),
+    Adapter(
+        "skyrl_gym/",
+        "agentenv.adapters.skyrl_gym_env:SkyRLGymEnv",
+        "skyrl_gym",
+        "skyrl-gym",
+        "SkyRL-gym {} (skyrl-gym); tasks from a SkyRL dataset file: env.kwargs.data=PATH",
+    ),
 )
 
 #: Rows ``agentenv envs`` prints for ids that are patterns, not a list: ``(pattern, description)``.
@@ -133,7 +141,7 @@ def resolve(env_id: str) -> EnvSpec | None:
 def add_peers() -> None:
     """The ``agentenv.envs`` entry point of agentenv itself: the peers' ids resolve on first use (:func:`resolve`)."""
     add_resolver("peers", Resolver(resolve, "peers' ids: gym/ID, reasoning_gym/FAMILY, reasoning_gym_tool/FAMILY, "
-                                            "gem/ID, textarena/ID"))
+                                            "gem/ID, textarena/ID, skyrl_gym/ID"))
 
 
 def listed_ids(adapter: Adapter) -> list[str]:
