@@ -177,6 +177,5 @@ class TrainConfig:
         if self.learner.backend != "single" and self.run.batch_size % per_step:
             raise ConfigError(f"run.batch_size ({self.run.batch_size}) must be a multiple of learner.micro_batch_size "
                               f"* learner.world_size = {per_step} for the {self.learner.backend} learner")
-        if self.learner.lora_rank and self.model.engine != "transformers":
-            raise ConfigError(f"learner.lora_rank={self.learner.lora_rank} (LoRA) needs model.engine 'transformers'; "
-                              f"adapter sync to '{self.model.engine}' is not built yet (set learner.lora_rank=0)")
+        if self.learner.lora_rank and self.model.engine == "vllm" and self.learner.lora_rank > 512:
+            raise ConfigError(f"learner.lora_rank={self.learner.lora_rank}: vLLM serves adapters of rank 512 at most")

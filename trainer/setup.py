@@ -270,7 +270,8 @@ def build_engine(cfg: TrainConfig, model: torch.nn.Module, tokenizer: Any) -> Ge
     if share is None and torch.cuda.is_available():
         share = 0.9 if cfg.learner.backend == "ray" else 0.45
     return build(cfg.model.engine, model=model, tokenizer=tokenizer, seed=cfg.run.seed,
-                 max_batch_size=cfg.model.max_batch_size, continuation=cfg.model.continuation, memory_share=share)
+                 max_batch_size=cfg.model.max_batch_size, continuation=cfg.model.continuation, memory_share=share,
+                 lora_rank=cfg.learner.lora_rank, lora_alpha=cfg.learner.lora_alpha)
 
 
 @dataclass(frozen=True)

@@ -75,6 +75,8 @@ def build_engine(
     max_batch_size: int = 32,
     continuation: str = "keep",
     memory_share: float | None = None,
+    lora_rank: int = 0,
+    lora_alpha: float = 32.0,
 ) -> GenerationEngine:
     """A generation engine serving policy version 0.
 
@@ -90,6 +92,9 @@ def build_engine(
             ``"recompute"``; :class:`agentenv.engines.base.ContinuationMode`).
         memory_share: vLLM's ``gpu_memory_utilization``, the share of the GPU's memory (on a CPU, of
             host memory for its KV cache) it takes; None: 0.9 on a GPU, 0.2 on a CPU.
+        lora_rank: vLLM: the rank of the policy's LoRA adapters (0: none), loaded per version as
+            adapter-only updates arrive. The transformers engine decodes whatever adapters ``model`` holds.
+        lora_alpha: vLLM: the adapters' scale numerator.
 
     Raises:
         ConfigError: An unknown ``kind``, neither ``model`` nor ``path`` given, a ``path`` for the
@@ -112,6 +117,7 @@ def build_engine(
         options: dict[str, Any] = {
             "continuation": mode, "seed": seed, "max_batch_size": max_batch_size,
             "dtype": "bfloat16" if gpu else "auto", "gpu_memory_utilization": memory_share or (0.9 if gpu else 0.2),
+            "lora_rank": lora_rank, "lora_alpha": lora_alpha,
         }
         if model is not None:
             return VLLMEngine.from_model(model, tokenizer, **options)

@@ -16,9 +16,11 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["peft_adapter", "write_peft_adapter"]
+__all__ = ["LORA_NAME", "base_state_dict", "peft_adapter", "write_peft_adapter"]
 
-_LORA = re.compile(r"^(?P<module>.+)\.lora_(?P<ab>[AB])\.[^.]+\.weight$")
+LORA_NAME = re.compile(r"^(?P<module>.+)\.lora_(?P<ab>[AB])\.[^.]+\.weight$")
+"""An adapter tensor's name in an adapted model's state dict: ``<module>.lora_<A|B>.<adapter>.weight``."""
+_BASE = re.compile(r"\.base_layer\.")
 
 
 def peft_adapter(state: Mapping[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], list[str]]:
@@ -37,7 +39,7 @@ def peft_adapter(state: Mapping[str, torch.Tensor]) -> tuple[dict[str, torch.Ten
     tensors: dict[str, torch.Tensor] = {}
     halves: dict[str, set[str]] = {}
     for name, t in state.items():
-        m = _LORA.match(name)
+        m = LORA_NAME.match(name)
         if m:
             tensors[f"base_model.model.{m['module']}.lora_{m['ab']}.weight"] = t.detach().to("cpu").contiguous()
             halves.setdefault(m["module"], set()).add(m["ab"])
@@ -70,3 +72,12 @@ def write_peft_adapter(state: Mapping[str, torch.Tensor], folder: Path, *, rank:
     LoraConfig(r=rank, lora_alpha=alpha, target_modules=targets, lora_dropout=0.0, task_type="CAUSAL_LM",
                base_model_name_or_path=str(base), inference_mode=True).save_pretrained(str(folder))
     save_file(tensors, str(folder / "adapter_model.safetensors"), metadata={"format": "pt"})
+
+
+def base_state_dict(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The base model's state dict inside an adapted one: the adapters dropped, ``x.base_layer.weight`` as ``x.weight``.
+
+    What an engine that applies the adapters itself (vLLM) loads as its model; a state dict without
+    adapters comes back as it is.
+    """
+    return {_BASE.sub(".", name): t for name, t in state.items() if not LORA_NAME.match(name)}

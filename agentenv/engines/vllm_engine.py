@@ -173,13 +173,16 @@ class VLLMEngine:
         """Start an engine serving an in-memory transformers model (written to a temporary folder first).
 
         Args:
-            model: A transformers causal LM (its weights become version ``kwargs.get("version", 0)``).
+            model: A transformers causal LM (its weights become version ``kwargs.get("version", 0)``); one
+                with LoRA adapters is written without them (its base), and ``lora_rank`` should be set.
             tokenizer: Its tokenizer (saved beside the weights).
             **kwargs: Passed to the constructor.
         """
+        from agentenv.engines.peft_adapter import base_state_dict
+
         folder = Path(tempfile.mkdtemp(prefix="agentenv-vllm-model-"))
-        try:
-            model.save_pretrained(folder)
+        try:  # a model with LoRA adapters: its base (the engine applies each version's adapter itself)
+            model.save_pretrained(folder, state_dict=base_state_dict(model.state_dict()))
             tokenizer.save_pretrained(folder)
             engine = cls(folder, **kwargs)
         except BaseException:

@@ -15,6 +15,7 @@ import torch
 import yaml
 
 from agentenv.engines.base import SamplingParams
+from agentenv.engines.peft_adapter import base_state_dict
 from agentenv.engines.transformers_engine import TransformersEngine
 from agentenv.engines.weights import check_state_dict
 from agentenv.errors import ConfigError, RunFolderError, WeightUpdateError
@@ -64,8 +65,9 @@ def test_bad_lora_settings_are_refused_with_what_the_model_has():
         LearnerConfig(lora_rank=-1)
     with pytest.raises(ConfigError, match="runs on learner.backend 'single' only, not 'openrlhf'"):
         LearnerConfig(lora_rank=8, backend="openrlhf")
-    with pytest.raises(ConfigError, match="needs model.engine 'transformers'"):
-        recipe.parse_args(["learner.lora_rank=8", "model.engine=vllm"])
+    with pytest.raises(ConfigError, match="vLLM serves adapters of rank 512 at most"):
+        recipe.parse_args(["learner.lora_rank=1024", "model.engine=vllm"])
+    assert recipe.parse_args(["learner.lora_rank=8", "model.engine=vllm"])[0].learner.lora_rank == 8
     cfg, _ = recipe.parse_args(["learner.lora_rank=8", "learner.lora_target_modules=[q_proj,v_proj]"])
     assert (cfg.learner.lora_rank, cfg.learner.lora_alpha, cfg.learner.lora_target_modules) == (8, 32.0,
                                                                                             ("q_proj", "v_proj"))
@@ -81,6 +83,21 @@ def test_the_merge_is_w_plus_scale_b_a():
     torch.testing.assert_close(out["m.q.weight"], torch.tensor([[7.0, 12.0], [8.0, 17.0]]))
     with pytest.raises(ValueError, match="lacks its base weight"):
         merged_state_dict({"m.q.lora_A.default.weight": a, "m.q.lora_B.default.weight": b}, rank=1, alpha=1.0)
+
+
+def test_the_base_state_is_the_adapted_models_without_its_adapters():
+    """What vLLM loads as its model before serving adapters: every base tensor under its plain name, unchanged."""
+    base = tiny_llama(vocab_size=300)
+    expected = {n: t.clone() for n, t in base.state_dict().items()}
+    model = add_lora(base, rank=4, alpha=8.0, targets=("all-linear",))
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if ".lora_B." in n:
+                p.normal_(0, 0.2)  # a trained adapter: still not part of the base
+    out = base_state_dict(model.state_dict())
+    assert set(out) == set(expected)
+    for name, t in expected.items():
+        torch.testing.assert_close(out[name], t, rtol=0, atol=0)
 
 
 def test_a_merged_model_computes_what_the_adapted_one_does():

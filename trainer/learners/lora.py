@@ -17,11 +17,11 @@ weights ``W + (alpha / r) B A`` under the base model's names (:func:`merged_stat
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 
 import torch
 
+from agentenv.engines.peft_adapter import LORA_NAME, base_state_dict
 from agentenv.engines.weights import is_adapter_name
 from agentenv.errors import ConfigError
 
@@ -31,8 +31,6 @@ __all__ = ["ALL_LINEAR", "add_lora", "adapter_state", "check_targets", "has_adap
 #: ``learner.lora_target_modules`` value for every linear layer except the output projection (peft's name).
 ALL_LINEAR = "all-linear"
 
-_BASE = re.compile(r"\.base_layer\.")
-_LORA = re.compile(r"^(?P<module>.+)\.lora_(?P<ab>[AB])\.[^.]+\.weight$")
 
 
 def linear_module_names(model: torch.nn.Module) -> list[str]:
@@ -109,14 +107,11 @@ def merged_state_dict(state: Mapping[str, torch.Tensor], *, rank: int, alpha: fl
     Raises:
         ValueError: An adapted layer lacks its base weight or one of ``A`` and ``B``.
     """
+    out = base_state_dict(state)
     pairs: dict[str, dict[str, torch.Tensor]] = {}
-    out: dict[str, torch.Tensor] = {}
     for name, t in state.items():
-        m = _LORA.match(name)
-        if m:
+        if m := LORA_NAME.match(name):
             pairs.setdefault(m["module"], {})[m["ab"]] = t
-        else:
-            out[_BASE.sub(".", name)] = t
     scale = alpha / rank
     for module, ab in pairs.items():
         base = out.get(f"{module}.weight")
