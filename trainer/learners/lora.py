@@ -32,7 +32,6 @@ __all__ = ["ALL_LINEAR", "add_lora", "adapter_state", "check_targets", "has_adap
 ALL_LINEAR = "all-linear"
 
 
-
 def linear_module_names(model: torch.nn.Module) -> list[str]:
     """The last name component of every ``torch.nn.Linear`` in ``model`` (sorted, each once): what LoRA can target."""
     return sorted({name.rsplit(".", 1)[-1] for name, mod in model.named_modules() if isinstance(mod, torch.nn.Linear)})
