@@ -20,7 +20,8 @@ from agentenv.trainer.experiments.simulator import main as simulate_main
 from agentenv.trainer.recipe_files import RECIPES_DIR, find_recipe, run_folder_for, shipped_recipes
 
 REPO = Path(__file__).resolve().parents[1]
-SHIPPED = ["alfworld_cpu", "alfworld_qwen2.5_7b", "generic_cpu", "python_tool_cpu", "python_tool_qwen2.5_7b"]
+SHIPPED = ["alfworld_cpu", "alfworld_qwen2.5_7b", "generic_cpu", "python_tool_cpu", "python_tool_qwen2.5_7b",
+           "python_tool_qwen2.5_7b_lora"]
 
 
 @pytest.fixture

@@ -9,7 +9,8 @@ from agentenv.errors import ConfigError
 from agentenv.trainer.recipe import parse_args, resolve_recipe
 from agentenv.trainer.recipe_files import RECIPES_DIR
 
-SHIPPED = {"python_tool_cpu", "alfworld_cpu", "python_tool_qwen2.5_7b", "alfworld_qwen2.5_7b", "generic_cpu"}
+SHIPPED = {"python_tool_cpu", "alfworld_cpu", "python_tool_qwen2.5_7b", "alfworld_qwen2.5_7b", "generic_cpu",
+           "python_tool_qwen2.5_7b_lora"}
 
 
 def test_every_shipped_recipe_loads_by_name():
@@ -74,6 +75,22 @@ def test_gpu_recipes_mirror_the_papers(name, batch, entropy):
     # every value stays overridable from the command line
     cfg, _ = parse_args(["--recipe", name, "--learner.world_size", "2", "--optim.lr", "3e-6"])
     assert (cfg.learner.world_size, cfg.optim.lr) == (2, 3e-6)
+
+
+def test_the_lora_recipe_changes_the_learner_only():
+    """The 7B LoRA recipe is the 7B recipe's task, rollout, PACE and gate, with adapters on the single learner."""
+    full, _ = parse_args(["--recipe", "python_tool_qwen2.5_7b"])
+    lora, _ = parse_args(["--recipe", "python_tool_qwen2.5_7b_lora"])
+    for section in ("env", "rollout", "staleness", "objective", "warmup", "eval"):
+        assert getattr(lora, section) == getattr(full, section), section
+    assert (lora.run.batch_size, lora.run.updates) == (full.run.batch_size, full.run.updates) == (128, 500)
+    assert lora.optim.lr == 1e-5 == pytest.approx(10 * full.optim.lr)  # LoRA Without Regret: about 10x the full lr
+    assert lora.optim.weight_decay == full.optim.weight_decay and lora.optim.grad_clip == full.optim.grad_clip
+    le = lora.learner
+    assert (le.backend, le.lora_rank, le.lora_alpha, le.lora_target_modules) == ("single", 32, 32.0, ("all-linear",))
+    assert le.gradient_checkpointing and (le.micro_batch_size, le.max_tokens_per_micro_batch) == (4, 16384)
+    m = lora.model
+    assert (m.engine, m.device, m.memory_share, m.name) == ("vllm", "cuda:1", 0.9, "Qwen2.5-7B-Instruct")
 
 
 @pytest.mark.parametrize(

@@ -235,7 +235,7 @@ class LearnerConfig:
             The gradient is unchanged.
         lora_rank: 0 (default): train every weight. ``r >= 1``: train LoRA adapters of rank ``r`` on
             ``lora_target_modules`` only, the base weights frozen, and sync only the adapters to the
-            engine (:mod:`agentenv.trainer.learners.lora`; the single backend with the transformers engine).
+            engine (:mod:`agentenv.trainer.learners.lora`; the single backend, with either engine).
         lora_alpha: LoRA's scale numerator: the update is ``(lora_alpha / lora_rank) B A``. 32 as in
             "LoRA Without Regret" (Schulman et al., Thinking Machines, 2025), which also finds the best
             LoRA lr about 10x the full fine-tuning one.
