@@ -9,9 +9,14 @@ recipe-shaped rows (:mod:`bench_learner_step`'s, 512-token micro-batches) and on
 sent per sync, median sync and update seconds, and their ratios to full fine-tuning measured in the same
 run. LoRA: adapters of ``--rank`` on every linear layer but the output projection (alpha 32).
 
-Usage (about 4 minutes on the idle 2-core CPU)::
+``--beside-decode``: the engine decodes during every update, as in the asynchronous loop (16 requests
+of 64 new tokens after a 250-token prompt, one round after another, until the update ends), so the
+update competes with decoding for the cores as it does in ``agentenv train``; the update's seconds and
+the tokens decoded beside it are reported.
 
-    .venv/bin/python benchmarks/bench_lora.py [--rank 16] [--updates 3]
+Usage (about 4 minutes on the idle 2-core CPU; longer beside decoding)::
+
+    .venv/bin/python benchmarks/bench_lora.py [--rank 16] [--updates 3] [--beside-decode]
 """
 
 from __future__ import annotations
@@ -26,7 +31,20 @@ import sys
 import time
 
 
-async def run_one(rank: int, updates: int) -> dict:
+async def keep_decoding(engine, stop: asyncio.Event, decoded: list[int]) -> None:
+    """Rounds of 16 requests (250-token prompt, 64 new tokens) until ``stop``; tokens counted in ``decoded``."""
+    from agentenv.engines.base import SamplingParams
+
+    prompt = list(range(1000, 1250))
+    rnd = 0
+    while not stop.is_set():
+        outs = await asyncio.gather(*(engine.generate(prompt, SamplingParams(max_new_tokens=64, seed=rnd * 16 + i))
+                                      for i in range(16)))
+        decoded[0] += sum(len(o.token_ids) for o in outs)
+        rnd += 1
+
+
+async def run_one(rank: int, updates: int, beside_decode: bool = False) -> dict:
     """Update and sync timings for LoRA of ``rank`` (0: full fine-tuning) in this process."""
     import torch
 
@@ -51,12 +69,18 @@ async def run_one(rank: int, updates: int) -> dict:
     engine = TransformersEngine(copy.deepcopy(model), None, max_batch_size=16, seed=0)
     shape = {"rows": 16, "prefix": 250}
     learner.update(_rows(shape, 1))  # warm-up: AdamW's moments are created
-    update_s, sync_s, sent_bytes = [], [], 0
+    update_s, sync_s, sent_bytes, decoded = [], [], 0, [0]
     try:
         for i in range(updates):
+            rows = _rows(shape, 2 + i)
+            stop = asyncio.Event()
+            decoding = asyncio.create_task(keep_decoding(engine, stop, decoded)) if beside_decode else None
             t0 = time.perf_counter()
-            st = learner.update(_rows(shape, 2 + i))
+            st = await asyncio.to_thread(learner.update, rows)
             update_s.append(time.perf_counter() - t0)
+            if decoding is not None:
+                stop.set()
+                await decoding
             assert st.stepped
             t0 = time.perf_counter()
             weights = learner.weights_for_engine()
@@ -68,21 +92,24 @@ async def run_one(rank: int, updates: int) -> dict:
         await engine.close()
     return {"rank": rank, "trainable": sum(p.numel() for p in model.parameters() if p.requires_grad),
             "sync_bytes": sent_bytes, "sync_s": statistics.median(sync_s), "update_s": statistics.median(update_s),
-            "all_sync_s": sync_s, "all_update_s": update_s, "peak_rss_gb": _rss("VmHWM") / 1e9}
+            "all_sync_s": sync_s, "all_update_s": update_s, "peak_rss_gb": _rss("VmHWM") / 1e9,
+            "decoded_tokens_per_update_s": decoded[0] / sum(update_s) if beside_decode else None}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--updates", type=int, default=3)
+    parser.add_argument("--beside-decode", action="store_true", help="the engine decodes during every update")
     parser.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)  # a child process's rank
     args = parser.parse_args()
     if args.one is not None:
-        print(json.dumps(asyncio.run(run_one(args.one, args.updates))))
+        print(json.dumps(asyncio.run(run_one(args.one, args.updates, args.beside_decode))))
         return
     results = []
     for rank in (0, args.rank):
-        out = subprocess.run([sys.executable, __file__, "--one", str(rank), "--updates", str(args.updates)],
+        out = subprocess.run([sys.executable, __file__, "--one", str(rank), "--updates", str(args.updates),
+                              *(["--beside-decode"] if args.beside_decode else [])],
                              capture_output=True, text=True, check=True)
         results.append(json.loads(out.stdout.strip().splitlines()[-1]))
     full = results[0]
@@ -92,7 +119,8 @@ def main() -> None:
         name = "full fine-tuning" if r["rank"] == 0 else f"LoRA r={r['rank']}, all linear"
         print(f"| {name} | {r['trainable'] / 1e6:.2f} M | {r['sync_bytes'] / 1e6:.1f} MB | {r['sync_s']:.3f} "
               f"({r['sync_s'] / full['sync_s']:.2f}x) | {r['update_s']:.1f} ({r['update_s'] / full['update_s']:.2f}x) "
-              f"| {r['peak_rss_gb']:.2f} |")
+              f"| {r['peak_rss_gb']:.2f} |"
+              + (f" {r['decoded_tokens_per_update_s']:.1f} tok/s decoded beside |" if args.beside_decode else ""))
     print(json.dumps(results))
 
 

@@ -288,3 +288,55 @@ def test_bad_input_is_refused_then_zero0_updates_match():
     ref_w = ref.weights_for_engine()
     for k in ref_w:
         assert torch.allclose(weights[k], ref_w[k], atol=2e-6, rtol=1e-5), k
+
+
+# adapters start at B = 0 and move slowly: a larger step, so that moving and matching are told apart
+LORA_OPTIM = {**OPTIM, "optim": replace(OPTIM["optim"], lr=0.5)}
+
+
+def _adapted_model():
+    """``tiny_model(0)`` with rank-4 LoRA adapters on every linear layer, ``A`` drawn from a fixed seed."""
+    from agentenv.trainer.learners.lora import add_lora
+
+    model = tiny_model(0)
+    torch.manual_seed(7)  # peft draws A from the global generator
+    return add_lora(model, rank=4, alpha=8.0, targets=("all-linear",))
+
+
+def _rank_lora_run(rank: int, batches, zero_stage: int):
+    from agentenv.trainer.learners.openrlhf import OpenRLHFLearner
+
+    learner = OpenRLHFLearner(_adapted_model(), backend=OpenRLHFBackendConfig(rows_per_update=4, zero_stage=zero_stage),
+                              **LORA_OPTIM)
+    norms = [learner.update(batch).grad_norm for batch in batches]
+    params = learner.engine.module.parameters()
+    return {"sent": learner.weights_for_engine(), "checkpoint": learner.checkpoint_weights(), "norms": norms,
+            # ZeRO-3 partitions a tensor: its full size is ds_numel
+            "trainable": sum(getattr(p, "ds_numel", p.numel()) for p in params if p.requires_grad)}
+
+
+@pytest.mark.parametrize("zero_stage, world_size", [(2, 2), (3, 1)])
+def test_lora_adapters_train_as_on_the_single_learner(zero_stage, world_size):
+    """DeepSpeed trains the adapters only: the same adapters and gradient norms as the single learner after
+    two updates, only the adapters sent to the engine, and the frozen base unchanged in the checkpoint."""
+    from agentenv.engines.weights import is_adapter_name
+
+    batches = _batches()
+    results = run_cpu_data_parallel(functools.partial(_rank_lora_run, batches=batches, zero_stage=zero_stage),
+                                    world_size=world_size, timeout_s=300)
+    reference = Learner(_adapted_model(), **LORA_OPTIM)
+    ref_norms = [reference.update(batch).grad_norm for batch in batches]
+    ref_sent = reference.weights_for_engine()
+    init = _adapted_model().state_dict()
+    # rank 4 on q, k, v, o, gate, up, down of 2 layers (hidden 32, 2 KV heads of 8, MLP 64)
+    assert set(ref_sent) == {k for k in init if is_adapter_name(k)} and len(ref_sent) == 2 * 7 * 2
+    for res in results:
+        assert res["trainable"] == sum(v.numel() for v in ref_sent.values()) == 2 * 4 * (2 * 64 + 2 * 48 + 3 * 96)
+        assert set(res["sent"]) == set(ref_sent)
+        assert max(float((res["sent"][k] - init[k]).abs().max()) for k in ref_sent) > 1e-3
+        for k in ref_sent:
+            assert torch.allclose(res["sent"][k], ref_sent[k], atol=2e-6, rtol=1e-5), k
+        assert res["norms"] == pytest.approx(ref_norms, rel=1e-4)
+        assert set(res["checkpoint"]) == set(init)
+        for k, v in init.items():
+            assert torch.equal(res["checkpoint"][k], res["sent"][k] if k in ref_sent else v), k

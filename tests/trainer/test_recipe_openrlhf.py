@@ -124,7 +124,8 @@ def _train_and_resume(rank: int, run_dir: str):
 
 def check_against_single_learner(res: dict, run, learner_type: str, initial_model) -> None:
     """Two counted versions, DeepSpeed state in the checkpoint, an exact resume, and every recorded
-    update equal to :class:`Learner`'s on the same batch and scores (replayed from ``initial_model``)."""
+    update equal to :class:`Learner`'s on the same batch and scores (replayed from ``initial_model``, which
+    holds the run's adapters when it trained LoRA)."""
     from agentenv.trainer.checkpoint import latest_checkpoint
     from agentenv.trainer.learners.single import Learner
     from agentenv.trainer.recipe import parse_args
@@ -153,7 +154,9 @@ def check_against_single_learner(res: dict, run, learner_type: str, initial_mode
     cfg, _ = parse_args(["--run-dir", str(run), *OVERRIDES])
     init = initial_model.state_dict()
     reference = Learner(initial_model, cfg.optim, objective=cfg.objective, execution=cfg.learner)
-    assert all(torch.equal(calls[0]["before"][k], init[k]) for k in init)
+    sent = reference.weights_for_engine()  # the full weights, or with LoRA the adapters alone
+    assert set(calls[0]["before"]) == set(sent)
+    assert all(torch.equal(calls[0]["before"][k], init[k]) for k in sent)
     for c in calls:
         stats = reference.update([Trajectory.from_dict(d) for d in c["batch"]], scores=c["scores"])
         assert (stats.stepped, stats.version) == (c["stepped"], c["version"])

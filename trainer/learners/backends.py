@@ -82,10 +82,11 @@ def build_learner(cfg: TrainConfig, model: torch.nn.Module, *, warmed_up: bool =
     Args:
         cfg: The run's config (``learner``, ``optim``, ``objective``, ``run.batch_size``, ``model``; ``rollout``'s
             temperature, top_p and top_k become the learner's :class:`SamplingTransform`).
-        model: The loaded policy. ``single`` trains it in place (with ``learner.lora_rank``, LoRA
-            adapters are added to it first, :func:`agentenv.trainer.learners.lora.add_lora`), ``openrlhf`` a
-            copy; ``ray`` actors load their own copy (by ``model.name``, on their GPU) and, when
-            ``warmed_up``, receive this model's weights instead (the warm-up exists only in this process).
+        model: The loaded policy. With ``learner.lora_rank``, LoRA adapters are added to it in place first
+            (:func:`agentenv.trainer.learners.lora.add_lora`), so the engine's copy has them too. ``single``
+            trains it in place, ``openrlhf`` a copy; ``ray`` actors load their own copy (by ``model.name``,
+            on their GPU) and, when ``warmed_up``, receive this model's weights instead (the warm-up exists
+            only in this process), then this model's adapters.
         warmed_up: ``model`` differs from the checkpoint on disk (the cached tool-use warm-up).
 
     Raises:
@@ -93,14 +94,17 @@ def build_learner(cfg: TrainConfig, model: torch.nn.Module, *, warmed_up: bool =
             target the model does not have.
     """
     backend = cfg.learner.backend
+    # the warm-up's weights for Ray actors, which load the base model themselves (adapters added below)
+    base_state = None
+    if backend == "ray" and warmed_up:
+        base_state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    if cfg.learner.lora_rank:  # adapters added in place: the engine's copy of ``model`` gets them too
+        from agentenv.trainer.learners.lora import add_lora
+
+        add_lora(model, **lora_settings(cfg))
     if backend == "single":
         from agentenv.trainer.learners.single import Learner
 
-        if cfg.learner.lora_rank:  # adapters added in place: the engine's copy of ``model`` gets them too
-            from agentenv.trainer.learners.lora import add_lora
-
-            add_lora(model, rank=cfg.learner.lora_rank, alpha=cfg.learner.lora_alpha,
-                     targets=cfg.learner.lora_target_modules)
         return Learner(model, cfg.optim, objective=cfg.objective, execution=cfg.learner,
                        sampling=sampling_transform(cfg), total_steps=cfg.run.updates, loss_constant=loss_constant(cfg))
     if backend == "openrlhf":
@@ -113,10 +117,16 @@ def build_learner(cfg: TrainConfig, model: torch.nn.Module, *, warmed_up: bool =
             execution=cfg.learner, sampling=sampling_transform(cfg),
             total_steps=cfg.run.updates, loss_constant=loss_constant(cfg),
         )
-    return _ray_group(cfg, model, warmed_up=warmed_up)
+    return _ray_group(cfg, model, base_state=base_state)
 
 
-def _ray_group(cfg: TrainConfig, model: torch.nn.Module, *, warmed_up: bool) -> PolicyLearner:
+def lora_settings(cfg: TrainConfig) -> dict[str, Any]:
+    """:func:`agentenv.trainer.learners.lora.add_lora`'s keyword arguments from the ``learner`` section."""
+    return {"rank": cfg.learner.lora_rank, "alpha": cfg.learner.lora_alpha, "targets": cfg.learner.lora_target_modules}
+
+
+def _ray_group(cfg: TrainConfig, model: torch.nn.Module, *,
+               base_state: dict[str, torch.Tensor] | None) -> PolicyLearner:
     try:
         import ray
     except ImportError as exc:
@@ -136,8 +146,12 @@ def _ray_group(cfg: TrainConfig, model: torch.nn.Module, *, warmed_up: bool) -> 
                     "--head` (`ray start --address <head>:6379` on the other nodes), or unset RAY_ADDRESS "
                     "for a private Ray on this machine"
                 ) from exc
-    state = {k: v.detach().cpu() for k, v in model.state_dict().items()} if warmed_up else None
-    factory = functools.partial(actor_model, cfg.model.name, state)
+    lora = None
+    if cfg.learner.lora_rank:  # every actor starts from this process's adapters (the engine's copy has them)
+        from agentenv.trainer.learners.lora import adapter_state
+
+        lora = (lora_settings(cfg), adapter_state(model))
+    factory = functools.partial(actor_model, cfg.model.name, base_state, lora)
     # one GPU per rank when the Ray cluster has GPUs; without, the ranks run on CPUs with gloo
     gpus = 1.0 if ray.cluster_resources().get("GPU", 0) >= 1 else 0.0
     logger.info("starting %d Ray learner actors (%s GPU each)", cfg.learner.world_size, gpus)
@@ -150,14 +164,34 @@ def _ray_group(cfg: TrainConfig, model: torch.nn.Module, *, warmed_up: bool) -> 
     )
 
 
-def actor_model(name: str | None, state: dict[str, torch.Tensor] | None = None) -> torch.nn.Module:
+def actor_model(
+    name: str | None,
+    state: dict[str, torch.Tensor] | None = None,
+    lora: tuple[dict[str, Any], dict[str, torch.Tensor]] | None = None,
+) -> torch.nn.Module:
     """Inside a Ray actor: the policy by name, with ``state`` loaded over it when given.
 
     Loaded in float32 on the CPU; DeepSpeed moves it to the actor's GPU and casts it to ``param_dtype``.
+    ``lora``: :func:`agentenv.trainer.learners.lora.add_lora`'s settings and the adapter tensors to
+    start from (the driver's, so that every rank and the engine hold the same ``A``).
+
+    Raises:
+        ValueError: ``lora``'s tensors are not exactly the adapters its settings add.
     """
     from agentenv.models import load_model_and_tokenizer
 
     model, _ = load_model_and_tokenizer(name, device="cpu")
     if state is not None:
         model.load_state_dict(state)
+    if lora is not None:
+        from agentenv.engines.weights import is_adapter_name
+        from agentenv.trainer.learners.lora import add_lora
+
+        settings, adapters = lora
+        add_lora(model, **settings)
+        missing, unexpected = model.load_state_dict(adapters, strict=False)
+        left = [k for k in missing if is_adapter_name(k)]
+        if left or unexpected:
+            raise ValueError(f"the adapters sent to a learner actor do not match its model: missing {left[:3]}, "
+                             f"unexpected {unexpected[:3]}")
     return model

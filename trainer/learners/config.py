@@ -235,7 +235,7 @@ class LearnerConfig:
             The gradient is unchanged.
         lora_rank: 0 (default): train every weight. ``r >= 1``: train LoRA adapters of rank ``r`` on
             ``lora_target_modules`` only, the base weights frozen, and sync only the adapters to the
-            engine (:mod:`agentenv.trainer.learners.lora`; the single backend, with either engine).
+            engine (:mod:`agentenv.trainer.learners.lora`; every backend, either engine).
         lora_alpha: LoRA's scale numerator: the update is ``(lora_alpha / lora_rank) B A``. 32 as in
             "LoRA Without Regret" (Schulman et al., Thinking Machines, 2025), which also finds the best
             LoRA lr about 10x the full fine-tuning one.
@@ -297,9 +297,6 @@ class LearnerConfig:
             raise ConfigError(f"learner.lora_rank must be >= 0 (0: full fine-tuning), got {self.lora_rank}")
         if self.lora_rank and not self.lora_alpha > 0:
             raise ConfigError(f"learner.lora_alpha must be > 0, got {self.lora_alpha}")
-        if self.lora_rank and self.backend != "single":
-            raise ConfigError(f"learner.lora_rank={self.lora_rank} (LoRA) runs on learner.backend 'single' only, "
-                              f"not '{self.backend}'; set learner.lora_rank=0 to train every weight there")
         if self.logprob_chunk_tokens < 1:
             raise ConfigError(f"learner.logprob_chunk_tokens must be >= 1 token per vocabulary projection, "
                               f"got {self.logprob_chunk_tokens}")

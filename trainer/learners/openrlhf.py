@@ -59,6 +59,7 @@ import torch.distributed as dist
 from torch import nn
 
 from agentenv.engines.sampling import SamplingTransform
+from agentenv.engines.weights import is_adapter_name
 from agentenv.errors import ConfigError, DataError
 from agentenv.trainer.batching import (
     PolicyBatch,
@@ -77,6 +78,7 @@ from agentenv.trainer.learners.forward import (
     shared_prefix,
     token_logprobs,
 )
+from agentenv.trainer.learners.lora import has_adapters
 from agentenv.trainer.learners.update_step import (
     UpdateStats,
     check_objective_constant,
@@ -175,6 +177,8 @@ class OpenRLHFLearner:
         }
         if execution.gradient_checkpointing:
             enable_gradient_checkpointing(model)
+        # LoRA (adapters added before, base frozen): OpenRLHF's optimizer takes the trainable tensors only
+        self._adapters = has_adapters(model)
         self.engine, self.optimizer, _ = self.strategy.prepare((model, cfg))
         # The single-process learner's schedule, on the optimizer DeepSpeed steps; DeepSpeed calls
         # it once per optimizer step.
@@ -411,7 +415,7 @@ class OpenRLHFLearner:
             raise ConfigError("OpenRLHFLearner.save runs in one process; save data-parallel ranks through "
                               "RayLearnerGroup.save (every rank writes its optimizer shard)")
         return save_checkpoint(
-            root, model=self.weights_for_engine(), optimizer=None, scheduler=None, version=self.version,
+            root, model=self.checkpoint_weights(), optimizer=None, scheduler=None, version=self.version,
             pool_state=pool_state, extra=extra, keep=keep, write_state=self.save_state,
         )
 
@@ -455,18 +459,14 @@ class OpenRLHFLearner:
 
     # -- weights ----------------------------------------------------------------------------------
     def weights_for_engine(self, path: Path | str | None = None) -> dict[str, torch.Tensor] | Path:
-        """The full policy weights, as :meth:`Learner.weights_for_engine` (dict, or a safetensors file).
+        """The policy weights, as :meth:`Learner.weights_for_engine` (dict, or a safetensors file).
 
-        ZeRO 0-2 keep full parameters on every rank; ZeRO-3 gathers them (a collective: call it on
-        every rank). A file is written by rank 0 only (atomically), and its path returned on all ranks.
+        The full weights, or with LoRA adapters (``learner.lora_rank``) the adapter tensors only (the
+        base never changes). ZeRO 0-2 keep full parameters on every rank; ZeRO-3 gathers them (a
+        collective: call it on every rank). A file is written by rank 0 only (atomically), and its
+        path returned on all ranks.
         """
-        import deepspeed
-
-        module = self.engine.module
-        with deepspeed.zero.GatheredParameters(
-            list(module.parameters()), enabled=self.backend.zero_stage == 3
-        ):
-            sd = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in module.state_dict().items()}
+        sd = self._state(adapters_only=self._adapters)
         if path is None:
             return sd
         from safetensors.torch import save_file
@@ -481,7 +481,24 @@ class OpenRLHFLearner:
             dist.barrier()
         return path
 
+    def checkpoint_weights(self) -> dict[str, torch.Tensor]:
+        """Every tensor of the policy, adapters and frozen base included: what a checkpoint holds.
+
+        ZeRO-3 gathers them (a collective: call it on every rank).
+        """
+        return self._state(adapters_only=False)
+
     # -- helpers -------------------------------------------------------------------------------
+    def _state(self, *, adapters_only: bool) -> dict[str, torch.Tensor]:
+        """Detached CPU copies of the module's state dict, or of its LoRA adapter tensors alone."""
+        import deepspeed
+
+        module = self.engine.module
+        params = [p for n, p in module.named_parameters() if not adapters_only or is_adapter_name(n)]
+        with deepspeed.zero.GatheredParameters(params, enabled=self.backend.zero_stage == 3):
+            return {k: v.detach().to("cpu", copy=True).contiguous() for k, v in module.state_dict().items()
+                    if not adapters_only or is_adapter_name(k)}
+
     def _gather(self, obj: Any) -> list[Any]:
         if self.world_size == 1:
             return [obj]

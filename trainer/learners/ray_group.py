@@ -101,14 +101,14 @@ class RayLearnerGroup:
         return self._version
 
     def weights_for_engine(self, path: Path | str | None = None) -> dict[str, torch.Tensor] | Path:
-        """Full weights (or a file written by rank 0); ZeRO-3 gathers on all actors."""
+        """Full weights, or the LoRA adapters alone (or a file written by rank 0); ZeRO-3 gathers on all actors."""
         return self._all("weights_for_engine", path)
 
     def save(self, root: Path | str, *, pool_state: dict | None = None, extra: dict | None = None,
              keep: int = 2) -> Path:
         """Checkpoint as :meth:`OpenRLHFLearner.save`, from every actor.
 
-        Rank 0's full weights, then every actor's DeepSpeed state, go into the same unpublished
+        Rank 0's full weights (adapters and base), then every actor's DeepSpeed state, go into the same unpublished
         folder (one node, or a folder all nodes share).
 
         Raises:
@@ -122,7 +122,7 @@ class RayLearnerGroup:
             ray.get([a.save_state.remote(str(folder)) for a in self.actors])
 
         return save_checkpoint(
-            root, model=self.weights_for_engine(), optimizer=None, scheduler=None, version=self._version,
+            root, model=self._all("checkpoint_weights"), optimizer=None, scheduler=None, version=self._version,
             pool_state=pool_state, extra=extra, keep=keep, write_state=write_state,
         )
 
@@ -199,3 +199,6 @@ class _LearnerActor:
 
     def weights_for_engine(self, path: str | None = None) -> Any:
         return self.learner.weights_for_engine(path)
+
+    def checkpoint_weights(self) -> dict[str, torch.Tensor]:
+        return self.learner.checkpoint_weights()
