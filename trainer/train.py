@@ -375,6 +375,7 @@ async def _update(run: _Run, selection: BatchSelection) -> UpdateStats:
                 run.sync["sync/bytes"] = float(weights_bytes(due.weights))
             run.sync["sync/seconds"] = time.perf_counter() - start
             del weights, due  # the engine has copied them in: this copy must not live through the next step
+        if stats.stepped:  # in place too: the probe measures the policy, whichever way the engine got it
             await run.instruments.after_step(learner, selection)
     return stats
 

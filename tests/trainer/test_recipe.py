@@ -114,6 +114,10 @@ def test_two_async_updates_with_the_default_model_then_resume(tmp_path):
     peaks = [r["memory/peak_rss_gb"] for r in rows] + [summary["peak_rss_gb"]]
     assert 0 < peaks[0] and peaks == sorted(peaks)
     assert all(0 < r["engine/busy_share"] <= 1 for r in rows)
+    # the engine decodes the learner's parameters in place (nothing is copied), and the entropy probe
+    # still measures the policy after every step: nats per token, under ln(49152) for this vocabulary
+    assert [r["sync/bytes"] for r in rows] == [0.0, 0.0]
+    assert all(0 < r["probe/policy_entropy"] < 10.81 for r in rows)
     consumed = [json.loads(line) for line in (run / "staleness.jsonl").read_text().splitlines()]
     assert len(consumed) == 4  # B = 2 trajectories per update
     assert all(c["gs"] >= 0 and c["ws"] >= 0 for c in consumed)
