@@ -38,7 +38,7 @@ def train_commands() -> list[list[str]]:
 
 def test_every_bash_block_parses():
     blocks = bash_blocks()
-    assert len(blocks) == 6
+    assert len(blocks) == 7
     for code in blocks:
         done = subprocess.run(["bash", "-n", "-c", code], capture_output=True, text=True, timeout=30)
         assert done.returncode == 0, f"{code}\n{done.stderr}"
@@ -50,6 +50,8 @@ EXPECTED = [
      ("learner", "param_dtype"): "bf16", ("model", "name"): "/models/Qwen2.5-1.5B-Instruct"},
     {("learner", "backend"): "ray", ("learner", "world_size"): 4, ("optim", "lr"): 1e-6,
      ("run", "batch_size"): 128, ("objective", "delta"): 0.001, ("model", "engine"): "vllm"},
+    {("learner", "backend"): "single", ("learner", "lora_rank"): 32, ("optim", "lr"): 1e-5,
+     ("model", "engine"): "vllm", ("model", "device"): "cuda:1", ("model", "name"): "/models/Qwen2.5-7B-Instruct"},
     {("learner", "backend"): "ray", ("learner", "world_size"): 16, ("run", "run_dir"): "/shared/runs/qwen7b"},
     {("learner", "backend"): "ray", ("model", "name"): "/models/Qwen2.5-7B-Instruct"},
 ]
