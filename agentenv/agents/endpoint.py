@@ -16,8 +16,7 @@ Bad input is an OpenAI-style error body ``{"error": {"message", "type", "param",
 server keeps serving: an unknown model (404 ``model_not_found``), no API key (401 ``missing_api_key``),
 a session that does not exist (404 ``session_not_found``) or has ended (409 ``session_closed``), a
 malformed body, messages, tools or ``tool_choice`` (400), a ``max_tokens`` beyond the episode's budget
-(400 ``max_tokens_exceeded``), ``n`` outside 1-8 (400), ``n > 1`` with ``stream`` or ``top_logprobs`` above 0
-(400 ``unsupported_value``).
+(400 ``max_tokens_exceeded``), ``n`` outside 1-8 (400), ``top_logprobs`` above 0 (400 ``unsupported_value``).
 A request is refused before anything is streamed, so an error is always a status and an error body.
 The endpoint binds loopback only: the agents are this process's episodes.
 """

@@ -5,8 +5,9 @@ writes it either as one ``chat.completion`` body or, for ``stream=true``, as ser
 ``chat.completion.chunk`` objects: the role, the reasoning and content in word-sized deltas, each
 tool call as a delta with its id and name and then one with its arguments, a last chunk with the
 finish reason (and the log-probabilities when asked), a usage chunk when
-``stream_options.include_usage`` is set, and ``data: [DONE]``. Concatenating the deltas gives the
-non-streamed message exactly; the time to the first chunk is the time of the whole reply.
+``stream_options.include_usage`` is set, and ``data: [DONE]``. With ``n > 1`` each choice streams in
+turn under its own ``index``. Concatenating a choice's deltas gives its non-streamed message exactly;
+the time to the first chunk is the time of the whole reply.
 """
 
 from __future__ import annotations
@@ -80,21 +81,22 @@ class ServedReply:
         return {**self._head("chat.completion"), "choices": choices, "usage": self.usage()}
 
     def chunks(self) -> list[dict[str, Any]]:
-        """The ``chat.completion.chunk`` objects of the stream, in order (see the module docstring)."""
-        deltas: list[dict[str, Any]] = [{"role": "assistant", "content": ""}]
-        deltas += [{"reasoning_content": p} for p in text_pieces(self.message.get("reasoning_content") or "")]
-        deltas += [{"content": p} for p in text_pieces(self.message.get("content") or "")]
-        for k, call in enumerate(self.message.get("tool_calls") or []):
-            fn = call["function"]
-            deltas.append({"tool_calls": [{"index": k, "id": call["id"], "type": "function",
-                                           "function": {"name": fn["name"], "arguments": ""}}]})
-            deltas.append({"tool_calls": [{"index": k, "function": {"arguments": fn["arguments"]}}]})
+        """The ``chat.completion.chunk`` objects of the stream, in order (see the module docstring).
+
+        Each chunk carries one choice, named by its ``index``; with ``n > 1`` the choices follow one
+        another (all of choice 0, its finish chunk, then choice 1, ...), and the usage chunk comes last.
+        """
         extra = {"usage": None} if self.include_usage else {}
-        out = [{**self._head("chat.completion.chunk"), **extra,
-                "choices": [{"index": 0, "delta": d, "logprobs": None, "finish_reason": None}]} for d in deltas]
-        out.append({**self._head("chat.completion.chunk"), **extra,
-                    "choices": [{"index": 0, "delta": {}, "logprobs": self.logprobs,
-                                 "finish_reason": self.finish_reason}]})
+
+        def chunk(index: int, delta: dict[str, Any], logprobs: dict[str, Any] | None,
+                  finish_reason: str | None) -> dict[str, Any]:
+            return {**self._head("chat.completion.chunk"), **extra,
+                    "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}]}
+
+        out: list[dict[str, Any]] = []
+        for k, choice in enumerate((Choice(self.message, self.finish_reason, self.logprobs), *self.more_choices)):
+            out += [chunk(k, d, None, None) for d in message_deltas(choice.message)]
+            out.append(chunk(k, {}, choice.logprobs, choice.finish_reason))
         if self.include_usage:
             out.append({**self._head("chat.completion.chunk"), "choices": [], "usage": self.usage()})
         return out
@@ -104,21 +106,46 @@ class ServedReply:
         return [f"data: {json.dumps(c)}\n\n" for c in self.chunks()] + ["data: [DONE]\n\n"]
 
 
+def message_deltas(message: dict[str, Any]) -> list[dict[str, Any]]:
+    """An assistant message as the ``delta`` objects of its stream, in order.
+
+    The role first, then the reasoning and the content in word-sized pieces, then each tool call as a
+    delta with its id and name and one with its arguments; merged in order they give ``message``.
+    """
+    deltas: list[dict[str, Any]] = [{"role": "assistant", "content": ""}]
+    deltas += [{"reasoning_content": p} for p in text_pieces(message.get("reasoning_content") or "")]
+    deltas += [{"content": p} for p in text_pieces(message.get("content") or "")]
+    for k, call in enumerate(message.get("tool_calls") or []):
+        fn = call["function"]
+        deltas.append({"tool_calls": [{"index": k, "id": call["id"], "type": "function",
+                                       "function": {"name": fn["name"], "arguments": ""}}]})
+        deltas.append({"tool_calls": [{"index": k, "function": {"arguments": fn["arguments"]}}]})
+    return deltas
+
+
 def text_pieces(text: str) -> list[str]:
     """``text`` cut into word-sized deltas (each word with the whitespace before it); they join to ``text``."""
     return _PIECE.findall(text)
 
 
-def logprobs_content(token_texts: Sequence[str], logprobs: Sequence[float]) -> dict[str, Any]:
+def logprobs_content(token_texts: Sequence[str], logprobs: Sequence[float],
+                     alternatives: Sequence[Sequence[tuple[str, float]]] | None = None) -> dict[str, Any]:
     """The ``logprobs`` object of a choice: one entry per sampled token.
 
     Args:
         token_texts: ``(n,)`` each sampled token's text (special tokens kept).
         logprobs: ``(n,)`` the behaviour log-probabilities (nats) of the sampled tokens, under the
             rollout's sampling transform (temperature, top-k, top-p): what the learner's ratio uses.
+        alternatives: ``(n,)`` per token its most likely ``(text, log-probability)`` pairs under the same
+            transform (``top_logprobs``), or None for none.
 
     Returns:
-        ``{"content": [{"token", "logprob", "bytes", "top_logprobs": []}, ...]}``.
+        ``{"content": [{"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}, ...]},
+        ...]}``.
     """
-    return {"content": [{"token": t, "logprob": float(lp), "bytes": list(t.encode("utf-8")), "top_logprobs": []}
-                        for t, lp in zip(token_texts, logprobs, strict=True)]}
+    def entry(text: str, logprob: float) -> dict[str, Any]:
+        return {"token": text, "logprob": float(logprob), "bytes": list(text.encode("utf-8"))}
+
+    tops = alternatives if alternatives is not None else [()] * len(token_texts)
+    return {"content": [{**entry(t, lp), "top_logprobs": [entry(a, alp) for a, alp in top]}
+                        for t, lp, top in zip(token_texts, logprobs, tops, strict=True)]}

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from agentenv.agents.openai_format import Choice, ServedReply, logprobs_content
-from agentenv.engines.base import GenerationEngine, GenerationOutput, SamplingParams
+from agentenv.engines.base import MAX_TOP_LOGPROBS, GenerationEngine, GenerationOutput, SamplingParams
 from agentenv.errors import EngineError, TemplateError
 from agentenv.rollout.episode import TOKEN_BUDGET_ENDINGS, RolloutConfig, append_output, turn_ending
 from agentenv.rollout.tool_calls import ForcedCallParser
@@ -168,8 +168,6 @@ def validate_tools(tools: Any) -> list[dict[str, Any]]:
     return [dict(t) for t in tools]
 
 
-#: Largest ``top_logprobs`` the OpenAI API accepts; the endpoint serves only 0 (the sampled token's log-probability).
-MAX_TOP_LOGPROBS = 20
 #: Most choices one request may ask for (``n``).
 MAX_CHOICES = 8
 
@@ -238,6 +236,7 @@ class RequestOptions:
     max_tokens: int | None = None
     tool_choice: ToolChoice = ToolChoice()
     n: int = 1
+    top_logprobs: int = 0
 
     @classmethod
     def read(cls, body: Mapping[str, Any], tools: Sequence[Mapping[str, Any]]) -> RequestOptions:
@@ -245,8 +244,8 @@ class RequestOptions:
 
         Raises:
             OpenAIError: A field of the wrong type, ``n`` outside [1, :data:`MAX_CHOICES`] (400
-                ``invalid_value``); ``n > 1`` with ``stream``, or a ``top_logprobs`` above 0 (400
-                ``unsupported_value``: the engines return the sampled token's log-probability only).
+                ``invalid_value``); ``top_logprobs`` outside [0, :data:`MAX_TOP_LOGPROBS`], or above 0
+                without ``logprobs=true`` (400 ``invalid_value``).
         """
         flags = {}
         for key in ("stream", "logprobs"):
@@ -260,19 +259,17 @@ class RequestOptions:
         n = 1 if body.get("n") is None else body["n"]
         if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_CHOICES:
             raise bad_request(f"n must be an integer in [1, {MAX_CHOICES}], got {n!r}", "n")
-        if n > 1 and flags["stream"]:
-            raise bad_request("n > 1 is not served with stream=true", "n", "unsupported_value")
         top = body.get("top_logprobs")
         if top is not None and (isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= MAX_TOP_LOGPROBS):
             raise bad_request(f"top_logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}]", "top_logprobs")
-        if top:
-            raise bad_request("top_logprobs above 0 is not served: the engines return the sampled token's "
-                              "log-probability only (logprobs=true)", "top_logprobs", "unsupported_value")
+        if top and not flags["logprobs"]:
+            raise bad_request("top_logprobs needs logprobs=true", "top_logprobs")
         requested = body.get("max_completion_tokens", body.get("max_tokens"))
         if requested is not None and (isinstance(requested, bool) or not isinstance(requested, int) or requested < 1):
             raise bad_request("max_tokens must be an integer >= 1", "max_tokens")
         return cls(stream=flags["stream"], include_usage=include_usage, logprobs=flags["logprobs"],
-                   max_tokens=requested, tool_choice=ToolChoice.read(body.get("tool_choice"), tools), n=n)
+                   max_tokens=requested, tool_choice=ToolChoice.read(body.get("tool_choice"), tools), n=n,
+                   top_logprobs=top or 0)
 
 
 def _extends(state: Mapping[str, Any], norm: list[dict[str, Any]], tools: list[dict[str, Any]]) -> bool:
@@ -457,12 +454,16 @@ class AgentSession:
                                   "max_tokens", "max_tokens_exceeded")
             budget = min(self.cfg.max_new_tokens_per_turn, left, requested or self.cfg.max_new_tokens_per_turn)
             params = SamplingParams(max_new_tokens=budget, temperature=self.cfg.temperature, top_p=self.cfg.top_p,
-                                    top_k=self.cfg.top_k, stop_token_ids=tuple(self.renderer.stop_token_ids))
+                                    top_k=self.cfg.top_k, stop_token_ids=tuple(self.renderer.stop_token_ids),
+                                    top_logprobs=options.top_logprobs)
             prompt = [*traj.token_ids, *forced]
             try:
                 outs = await asyncio.gather(*(self.engine.generate(prompt, params) for _ in range(options.n)))
             except EngineError as exc:
                 raise OpenAIError(500, f"engine: {exc}", code="engine_error", type_="server_error") from exc
+            if options.top_logprobs and any(o.top_logprobs is None for o in outs):
+                raise OpenAIError(500, f"the engine ({type(self.engine).__name__}) returns no top_logprobs",
+                                  code="engine_error", type_="server_error")
             self._append_env(forced)  # only once the engine served the request: a refusal leaves the row as it was
             self.info["turns"] += 1
             self.info["forced_call_openings"] += bool(forced)
@@ -501,8 +502,13 @@ class AgentSession:
         self._reply_open = True
         logprobs = None
         if options.logprobs:
-            pieces = [self.renderer.decode([t], keep_special=True) for t in out.token_ids]
-            logprobs = logprobs_content(pieces, out.logprobs)
+            def text(t: int) -> str:
+                return self.renderer.decode([t], keep_special=True)
+            alternatives = None
+            if options.top_logprobs:
+                assert out.top_logprobs is not None  # checked before anything was recorded
+                alternatives = [[(text(i), lp) for i, lp in top] for top in out.top_logprobs]
+            logprobs = logprobs_content([text(t) for t in out.token_ids], out.logprobs, alternatives)
         return Choice(message, finish, logprobs)
 
     def _forced_opening(self, choice: ToolChoice) -> list[int]:

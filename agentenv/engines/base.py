@@ -48,6 +48,10 @@ def derive_seed(*parts: int) -> int:
     return int.from_bytes(digest, "little") >> 1
 
 
+MAX_TOP_LOGPROBS = 20
+"""Most alternatives per sampled token an engine returns (``SamplingParams.top_logprobs``; the OpenAI API's cap)."""
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """Sampling settings for one request.
@@ -62,6 +66,8 @@ class SamplingParams:
         stop_token_ids: Sampling stops after any of these (the chat template's end of turn); the stop
             token is included in the output.
         seed: Per-request seed; None draws from the engine's generator.
+        top_logprobs: Alternatives to return per sampled token (0 to :data:`MAX_TOP_LOGPROBS`): the
+            most likely tokens of the same processed distribution (``GenerationOutput.top_logprobs``).
     """
 
     max_new_tokens: int = 512
@@ -70,6 +76,7 @@ class SamplingParams:
     top_k: int | None = None
     stop_token_ids: tuple[int, ...] = ()
     seed: int | None = None
+    top_logprobs: int = 0
 
 
 @dataclass(frozen=True)
@@ -91,6 +98,11 @@ class GenerationOutput:
         spans: Version runs covering ``token_ids`` in order (their ``num_tokens`` sum to ``n``).
         finish_reason: ``"stop"`` (a stop token), ``"length"`` (``max_new_tokens`` or context limit).
         truncated_context: True when the request hit the model's context length.
+        top_logprobs: ``(n,)`` when ``SamplingParams.top_logprobs`` > 0, else None: for each sampled
+            token, up to ``top_logprobs`` ``(token id, log-probability)`` pairs, most likely first, under
+            the processed distribution the token was drawn from (the one ``logprobs`` comes from). Tokens
+            that distribution cannot draw (cut by top-k or top-p) are left out; a greedy token's only
+            alternative is itself at 0.0.
     """
 
     token_ids: list[int]
@@ -98,6 +110,7 @@ class GenerationOutput:
     spans: list[TokenSpan] = field(default_factory=list)
     finish_reason: str = "stop"
     truncated_context: bool = False
+    top_logprobs: list[tuple[tuple[int, float], ...]] | None = None
 
 
 @runtime_checkable

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from agentenv.engines.base import SamplingParams
+from agentenv.engines.base import MAX_TOP_LOGPROBS, SamplingParams
 from agentenv.errors import ConfigError
 
 __all__ = [
@@ -62,7 +62,8 @@ def validate_params(params: SamplingParams) -> None:
 
     Raises:
         ConfigError: ``max_new_tokens < 0``, ``temperature < 0`` or not finite, ``top_p`` outside (0, 1],
-            ``top_k`` negative or not an integer, or a negative stop token id.
+            ``top_k`` negative or not an integer, a negative stop token id, or ``top_logprobs`` not an
+            integer in [0, :data:`~agentenv.engines.base.MAX_TOP_LOGPROBS`].
     """
     if not isinstance(params, SamplingParams):
         raise ConfigError(f"params must be a SamplingParams, got {type(params).__name__}")
@@ -75,6 +76,9 @@ def validate_params(params: SamplingParams) -> None:
     check_top_k(params.top_k)
     if any(t < 0 for t in params.stop_token_ids):
         raise ConfigError(f"stop_token_ids must be non-negative, got {params.stop_token_ids}")
+    top = params.top_logprobs
+    if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= MAX_TOP_LOGPROBS:
+        raise ConfigError(f"top_logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}], got {top!r}")
 
 
 def truncation_mask(scaled_logits: torch.Tensor, top_p: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
@@ -248,6 +252,38 @@ def label_logprobs(
         with torch.no_grad():
             ent = torch.special.entr(logp.detach().exp()).sum(-1).view(b, k)
     return lp, ent
+
+
+def top_alternatives(
+    logprobs: torch.Tensor, ks: Sequence[int], chosen: Sequence[int], greedy: Sequence[bool]
+) -> list[tuple[tuple[int, float], ...] | None]:
+    """The most likely tokens of each row's processed distribution (``GenerationOutput.top_logprobs``).
+
+    Args:
+        logprobs: ``(B, V)`` output of :func:`processed_logprobs` (nats, ``-inf`` where cut).
+        ks: ``B`` alternatives wanted per row (0: none, that row's entry is None).
+        chosen: ``B`` sampled ids (what a greedy row reports).
+        greedy: ``B`` flags, True for temperature-0 rows: their only alternative is the chosen id at
+            0.0, as :func:`sample` reports it.
+
+    Returns:
+        Per row, None or up to ``k`` ``(id, log-probability)`` pairs, most likely first; tokens at
+        ``-inf`` (cut by top-k or top-p) are left out.
+    """
+    k_max = max(ks, default=0)
+    out: list[tuple[tuple[int, float], ...] | None] = [None] * len(ks)
+    if k_max <= 0:
+        return out
+    values, ids = logprobs.topk(min(k_max, logprobs.shape[-1]), dim=-1)
+    values, ids = values.tolist(), ids.tolist()
+    for b, k in enumerate(ks):
+        if k <= 0:
+            continue
+        if greedy[b]:
+            out[b] = ((int(chosen[b]), 0.0),)
+        else:
+            out[b] = tuple((i, v) for i, v in zip(ids[b][:k], values[b][:k], strict=True) if v != float("-inf"))
+    return out
 
 
 def sample(

@@ -36,7 +36,7 @@ from transformers import DynamicCache
 from agentenv.engines import kv_cache
 from agentenv.engines.base import ContinuationMode, GenerationOutput, SamplingParams, TokenSpan
 from agentenv.engines.prompt_caches import TURN_CACHE_BYTES, PrefixCache, TurnCache
-from agentenv.engines.sampling import processed_logprobs, sample, validate_params
+from agentenv.engines.sampling import processed_logprobs, sample, top_alternatives, validate_params
 from agentenv.engines.shared_weights import SharedWeights, share_parameters
 from agentenv.engines.weights import check_state_dict, copy_into, load_weights
 from agentenv.errors import ClosedError, ConfigError, EngineDied, EngineError, WeightUpdateError
@@ -52,6 +52,7 @@ class _Request:
     generator: torch.Generator | None
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    top: list[tuple[tuple[int, float], ...]] = field(default_factory=list)  # params.top_logprobs > 0 only
     spans: list[TokenSpan] = field(default_factory=list)
     n_cached: int = 0  # real positions in this row's KV cache
     cache_version: int = 0  # oldest version that computed an entry of this row's cache
@@ -239,7 +240,8 @@ class TransformersEngine:
             raise EngineError(f"prompt of {len(prompt)} tokens exceeds the context limit {self._max_context}")
         if len(prompt) == self._max_context or params.max_new_tokens == 0:
             full = len(prompt) == self._max_context
-            return GenerationOutput([], [], [], finish_reason="length", truncated_context=full)
+            return GenerationOutput([], [], [], finish_reason="length", truncated_context=full,
+                                    top_logprobs=[] if params.top_logprobs else None)
         self._ensure_running()
         loop = asyncio.get_running_loop()
         gen = None
@@ -436,11 +438,15 @@ class TransformersEngine:
         top_k = torch.tensor([r.params.top_k or 0 for r in rows], dtype=torch.int64)
         lp = processed_logprobs(logits, temp, top_p, top_k)
         gens = [r.generator or self._generator for r in rows]
-        toks, lps = sample(lp, [r.params.temperature == 0 for r in rows], gens)
+        greedy = [r.params.temperature == 0 for r in rows]
+        toks, lps = sample(lp, greedy, gens)
+        tops = top_alternatives(lp, [r.params.top_logprobs for r in rows], toks, greedy)
         done = []
-        for r, tok, logprob in zip(rows, toks, lps, strict=True):
+        for r, tok, logprob, top in zip(rows, toks, lps, tops, strict=True):
             r.tokens.append(tok)
             r.logprobs.append(logprob)
+            if top is not None:
+                r.top.append(top)
             _extend_spans(r.spans, self._version, r.cache_version)
             finish = None
             if r.cancelled:
@@ -453,7 +459,8 @@ class TransformersEngine:
                 finish = "length"
             if finish is not None and finish != "cancelled":
                 full = finish == "length" and len(r.prompt) + len(r.tokens) >= self._max_context
-                out = GenerationOutput(list(r.tokens), list(r.logprobs), list(r.spans), finish, full)
+                out = GenerationOutput(list(r.tokens), list(r.logprobs), list(r.spans), finish, full,
+                                       list(r.top) if r.params.top_logprobs else None)
                 _resolve(r.loop, r.future, result=out)
             done.append(finish is not None)
         return done

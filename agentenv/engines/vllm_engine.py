@@ -59,8 +59,23 @@ if TYPE_CHECKING:
 class _Live:
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    top: list[tuple[tuple[int, float], ...]] = field(default_factory=list)  # params.top_logprobs > 0 only
     # (start token index, version, prefix_version) of each segment, in order
     marks: list[tuple[int, int, int]] = field(default_factory=list)
+
+
+def _alternatives(position: Mapping[int, Any], token: int, params: SamplingParams) -> tuple[tuple[int, float], ...]:
+    """One token's ``GenerationOutput.top_logprobs`` entry from vLLM's ``{id: Logprob}`` of that position.
+
+    vLLM returns the ``logprobs`` most likely ids by their ``rank`` (1 = most likely) and the sampled id
+    (which may rank lower); the ranked ones are kept in order, those it could not draw (``-inf``) left out.
+    A greedy token's only alternative is itself at 0.0, as the engine reports it.
+    """
+    if params.temperature == 0:
+        return ((token, 0.0),)
+    ranked = sorted((lp.rank, tid, float(lp.logprob)) for tid, lp in position.items()
+                    if lp.rank is not None and lp.rank <= params.top_logprobs)
+    return tuple((tid, v) for _, tid, v in ranked if v != float("-inf"))
 
 
 def _spans(marks: list[tuple[int, int, int]], n: int) -> list[TokenSpan]:
@@ -222,7 +237,8 @@ class VLLMEngine:
         if room < 0:
             raise EngineError(f"prompt of {len(prompt)} tokens exceeds the context limit {self._max_context}")
         if room == 0 or params.max_new_tokens == 0:
-            return GenerationOutput([], [], [], finish_reason="length", truncated_context=room == 0)
+            return GenerationOutput([], [], [], finish_reason="length", truncated_context=room == 0,
+                                    top_logprobs=[] if params.top_logprobs else None)
         budget = min(params.max_new_tokens, room)
         vparams = VSamplingParams(
             n=1,
@@ -233,7 +249,7 @@ class VLLMEngine:
             seed=params.seed,
             stop_token_ids=list(params.stop_token_ids),
             ignore_eos=True,
-            logprobs=0,
+            logprobs=params.top_logprobs,  # the sampled token's, and that many alternatives
             output_kind=RequestOutputKind.DELTA,
             detokenize=False,
             skip_special_tokens=False,
@@ -254,6 +270,8 @@ class VLLMEngine:
                         live.logprobs.append(0.0)
                     else:
                         live.logprobs.append(float(comp.logprobs[i][tok].logprob))
+                    if params.top_logprobs:
+                        live.top.append(_alternatives(comp.logprobs[i], int(tok), params))
                 if comp.finish_reason is not None:
                     finish = comp.finish_reason
         except asyncio.CancelledError:
@@ -270,7 +288,8 @@ class VLLMEngine:
         stopped = finish == "stop" and n > 0 and live.tokens[-1] in params.stop_token_ids
         truncated = not stopped and len(prompt) + n >= self._max_context
         return GenerationOutput(
-            live.tokens, live.logprobs, _spans(live.marks, n), "stop" if stopped else "length", truncated
+            live.tokens, live.logprobs, _spans(live.marks, n), "stop" if stopped else "length", truncated,
+            live.top if params.top_logprobs else None,
         )
 
     async def _settle(self) -> bool:

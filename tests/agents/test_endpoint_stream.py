@@ -97,7 +97,8 @@ async def test_a_streamed_reply_is_the_recorded_row_and_the_episode_goes_on(rend
     messages = list(ASK)
     for turn in range(2):
         stream = await client.chat.completions.create(model=MODEL, messages=messages, stream=True,
-                                                      stream_options={"include_usage": True}, logprobs=True)
+                                                      stream_options={"include_usage": True}, logprobs=True,
+                                                      top_logprobs=2)
         chunks = [c async for c in stream]
         text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
         prompt, out = session.log[-1]
@@ -108,6 +109,10 @@ async def test_a_streamed_reply_is_the_recorded_row_and_the_episode_goes_on(rend
         assert finish.finish_reason in ("stop", "length")
         assert [e.logprob for e in finish.logprobs.content] == pytest.approx(out.logprobs, abs=0)
         assert "".join(e.token for e in finish.logprobs.content) == renderer.decode(out.token_ids, keep_special=True)
+        assert out.top_logprobs is not None  # the engine's alternatives, as texts, on the wire
+        assert [[(a.token, a.logprob) for a in e.top_logprobs] for e in finish.logprobs.content] == [
+            [(renderer.decode([i], keep_special=True), lp) for i, lp in top] for top in out.top_logprobs]
+        assert all(len(e.top_logprobs) == 2 for e in finish.logprobs.content)
         reply = {"role": "assistant", "content": text}
         assert normalize_messages([reply]) == session._seen[-1:]  # the streamed message is the recorded one
         messages += [reply, {"role": "user", "content": f"more {turn}"}]
@@ -181,13 +186,22 @@ async def test_required_lets_the_model_name_the_tool_and_none_parses_no_call(ren
     await endpoint.close()
 
 
-async def test_n_choices_are_samples_of_their_own_and_the_history_picks_the_line(renderer):
-    """Three choices of one request: three rows sharing the prompt; the agent goes on with the second."""
+@pytest.mark.parametrize("stream", [False, True])
+async def test_n_choices_are_samples_of_their_own_and_the_history_picks_the_line(renderer, stream):
+    """Three choices of one request: three rows sharing the prompt; the agent goes on with the second.
+
+    Streamed, the openai client's own accumulator rebuilds the three choices from their indexed chunks.
+    """
     replies = ["Maybe 4.", "It is 5.", "Six?", "Yes, 5."]
     engine = ScriptedReplies(renderer, replies)
     cfg = RolloutConfig(max_turns=4, max_new_tokens_per_turn=64, max_total_tokens=400)
     endpoint, session, client = await served(engine, renderer, cfg)
-    first = await client.chat.completions.create(model=MODEL, messages=ASK, n=3, logprobs=True)
+    if stream:
+        async with client.chat.completions.stream(model=MODEL, messages=ASK, n=3, logprobs=True,
+                                                  stream_options={"include_usage": True}) as s:
+            first = await s.get_final_completion()
+    else:
+        first = await client.chat.completions.create(model=MODEL, messages=ASK, n=3, logprobs=True)
     assert [c.index for c in first.choices] == [0, 1, 2]
     assert [c.message.content for c in first.choices] == replies[:3]
     assert all(c.logprobs.content[0].logprob == -0.25 for c in first.choices)
@@ -221,14 +235,19 @@ async def test_bad_options_are_refused_and_nothing_is_recorded(renderer):
         assert session.samples[1:] == [] and not engine.prompts  # the engine was never asked
 
     await refused("invalid_value", "n must be an integer in [1, 8], got 9", n=9)
-    await refused("unsupported_value", "n > 1 is not served with stream=true", n=2, stream=True)
-    await refused("unsupported_value", "sampled token's log-probability only", logprobs=True, top_logprobs=3)
+    await refused("invalid_value", "top_logprobs needs logprobs=true", top_logprobs=3)
     await refused("invalid_value", "top_logprobs must be an integer in [0, 20]", logprobs=True, top_logprobs=21)
     await refused("invalid_value", "not among the request's tools (add)", tools=[ADD],
                   tool_choice={"type": "function", "function": {"name": "multiply"}})
     await refused("invalid_value", "needs tools", tool_choice="required")
     await refused("invalid_value", "tool_choice must be", tools=[ADD], tool_choice="always")
     await refused("invalid_value", "stream must be a boolean", extra_body={"stream": "yes"})
+    with pytest.raises(openai.InternalServerError) as err:  # an engine without alternatives: nothing recorded
+        await client.chat.completions.create(model=MODEL, messages=ASK, logprobs=True, top_logprobs=2)
+    assert err.value.code == "engine_error" and "ScriptedReplies" in str(err.value)
+    assert session.samples[1:] == [] and len(engine.prompts) == 1 and session.info["turns"] == 0
+    engine.replies.insert(0, "fine")
+    engine.prompts.clear()
     mistral = endpoint.open_session(cfg, get_tool_parser("mistral"))
     forced = openai.AsyncOpenAI(base_url=endpoint.base_url, api_key=mistral.id, max_retries=0)
     with pytest.raises(openai.BadRequestError) as err:

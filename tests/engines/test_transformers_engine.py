@@ -301,6 +301,37 @@ async def test_top_k_logprobs_are_the_processed_ones(refs):
     await engine.close()
 
 
+async def test_top_logprobs_are_the_most_likely_of_the_processed_distribution(refs):
+    """Alternatives per sampled token: the k best of the distribution sampled from, against a full pass."""
+    from agentenv.engines.sampling import processed_logprobs
+
+    engine = TransformersEngine(tiny_random_model(seed=0))
+    prompt = PROMPTS[2]
+    for temp, top_k, k in [(0.8, None, 4), (1.0, 2, 5)]:
+        out = await engine.generate(prompt, SamplingParams(max_new_tokens=12, temperature=temp, top_k=top_k,
+                                                           seed=3, top_logprobs=k))
+        with torch.no_grad():
+            logits = refs[0](torch.tensor([prompt + out.token_ids])).logits[0, len(prompt) - 1 : -1]
+        n = logits.shape[0]
+        ref = processed_logprobs(logits, torch.full((n,), temp), torch.ones(n), torch.full((n,), top_k or 0))
+        assert out.top_logprobs is not None and len(out.top_logprobs) == len(out.token_ids) == 12
+        kept = min(k, top_k or k)  # top-k cuts the rest: they cannot be drawn, so they are not listed
+        for i, (tok, alts) in enumerate(zip(out.token_ids, out.top_logprobs, strict=True)):
+            values, ids = ref[i].topk(kept)
+            assert [a for a, _ in alts] == ids.tolist()
+            torch.testing.assert_close(torch.tensor([v for _, v in alts]), values, atol=1e-4, rtol=0)
+            if tok in ids.tolist():  # the sampled token's own log-probability is the one listed
+                assert dict(alts)[tok] == pytest.approx(out.logprobs[i], abs=1e-6)
+    greedy = await engine.generate(prompt, SamplingParams(max_new_tokens=5, temperature=0.0, top_logprobs=3))
+    assert greedy.top_logprobs == [((t, 0.0),) for t in greedy.token_ids]
+    plain = await engine.generate(prompt, SamplingParams(max_new_tokens=5, seed=3))
+    assert plain.top_logprobs is None
+    for bad in (21, -1, True):
+        with pytest.raises(ConfigError, match="top_logprobs"):
+            await engine.generate(prompt, SamplingParams(max_new_tokens=2, top_logprobs=bad))
+    await engine.close()
+
+
 async def test_shared_prompt_prefix_is_reused_within_a_version_only(refs):
     """The system prompt every episode starts with is prefilled once per policy version."""
     system = [3 + (7 * j) % 50 for j in range(40)]  # 40 shared tokens (>= PrefixCache.min_tokens)

@@ -126,6 +126,18 @@ async def test_vllm_generates_swaps_mid_generation_and_matches_transformers(monk
         torch.testing.assert_close(torch.tensor(out.logprobs), ref, atol=1e-4, rtol=0)
         raw = te_logprobs(old, out.token_ids, 1.0, 1.0)
         assert (raw - ref).abs().max() > 1e-3  # raw log-probs would have been a different answer
+        # alternatives per token: the k best of the same processed distribution, the nucleus's cut left out
+        out = await engine.generate(PROMPT, SamplingParams(max_new_tokens=10, temperature=0.8, top_p=0.9, seed=3,
+                                                           top_logprobs=3))
+        with torch.no_grad():
+            logits = old(torch.tensor([PROMPT + out.token_ids])).logits[0, len(PROMPT) - 1 : -1]
+        n = logits.shape[0]
+        best = processed_logprobs(logits, torch.full((n,), 0.8), torch.full((n,), 0.9)).topk(3)
+        assert out.top_logprobs is not None and len(out.top_logprobs) == len(out.token_ids)
+        for alts, values, ids in zip(out.top_logprobs, best.values, best.indices, strict=True):
+            finite = torch.isfinite(values)
+            assert [a for a, _ in alts] == ids[finite].tolist()
+            torch.testing.assert_close(torch.tensor([v for _, v in alts]), values[finite], atol=1e-4, rtol=0)
 
         # 2. a swap lands mid-generation: two spans, split where it landed, budget kept
         out = await swap_mid_generation(engine, SamplingParams(max_new_tokens=48, seed=5), new.state_dict(), 1)
