@@ -10,9 +10,11 @@ Cases: ``gym`` (a Gymnasium env with Text spaces, built by ``gymnasium.make``; t
 and in a worker thread, its default), ``gem`` (GEM ``game:GuessTheNumber-v0-hard-no-max-turn``),
 ``textarena`` (``GuessTheNumber-v0-hardcore``), ``reasoning_gym`` (``lcm``: the one step is
 answer extraction plus the family's verifier), ``skyrl_gym`` (``gsm8k_multi_turn``: SkyRL's grader of a
-well-formed wrong answer and its next message; the adapter runs SkyRL's step in a worker thread).
+well-formed wrong answer and its next message; the adapter runs SkyRL's step in a worker thread),
+``openenv`` (an echo server under OpenEnv's own ``create_app``, started from .venv-openenv; the direct
+side is a raw WebSocket session sending the same step messages: the protocol's round trip).
 
-    .venv/bin/python benchmarks/bench_adapters.py [--episodes 200] [--steps 6] [--deadline-s 120]
+    .venv/bin/python benchmarks/bench_adapters.py [--episodes 200] [--steps 6] [--deadline-s 120] [--only CASE ...]
 """
 
 from __future__ import annotations
@@ -182,12 +184,50 @@ async def case_skyrl_gym(args) -> tuple[list[float], list[float]]:
     return d, a
 
 
+async def case_openenv(args) -> tuple[list[float], list[float]]:
+    """The echo server of tests/adapters/openenv_server.py under OpenEnv's own ``create_app``, in .venv-openenv.
+
+    Direct: a raw WebSocket session sending the step message and reading the answer (the protocol's own
+    round trip); adapter: ``await env.step`` on a session of its own, against the same server.
+    """
+    from websockets.asyncio.client import connect
+
+    from tests.adapters import openenv_launch
+
+    try:
+        procs, urls = await asyncio.to_thread(openenv_launch.start, ("echo",))
+    except FileNotFoundError as exc:
+        raise ImportError(str(exc)) from exc
+    try:
+        env = agentenv.make("openenv/echo", url=urls["echo"])
+        step = json.dumps({"type": "step", "data": {"message": "wrong"}})
+        d, a = [], []
+        async with connect(urls["echo"].replace("http", "ws") + "/ws") as direct:
+            for ep in range(args.episodes):
+                await direct.send(json.dumps({"type": "reset", "data": {"seed": ep}}))
+                await direct.recv()
+                await env.reset(options={"task": ep % len(env.tasks())})
+                for _ in range(args.steps):
+                    t = time.perf_counter()
+                    await direct.send(step)
+                    json.loads(await direct.recv())
+                    d.append(time.perf_counter() - t)
+                    t = time.perf_counter()
+                    await env.step("wrong")
+                    a.append(time.perf_counter() - t)
+        await env.close()
+    finally:
+        openenv_launch.stop(procs)
+    return d, a
+
+
 async def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--episodes", type=int, default=200)
     p.add_argument("--steps", type=int, default=6, help="steps per episode (reasoning_gym: items per episode)")
     p.add_argument("--deadline-s", type=float, default=120.0)
     p.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    p.add_argument("--only", nargs="+", default=None, help="run these cases only (gym, gem, textarena, ...)")
     args = p.parse_args()
     cases = {
         "gym (inline)": lambda: case_gym(args, in_thread=False),
@@ -196,7 +236,10 @@ async def main() -> None:
         "textarena": lambda: case_textarena(args),
         "reasoning_gym": lambda: case_reasoning_gym(args),
         "skyrl_gym": lambda: case_skyrl_gym(args),
+        "openenv": lambda: case_openenv(args),
     }
+    if args.only:
+        cases = {name: run for name, run in cases.items() if name.split(" ")[0] in args.only}
     rows = {}
     for name, run in cases.items():
         try:

@@ -12,12 +12,15 @@ id                               plays                                          
 ``gem/<GEM ID>``                 GEM, e.g. ``gem/game:GuessTheNumber-v0``               ``gem-llm``         act [1]_
 ``textarena/<ID>``               TextArena's single-player games                        ``textarena``       act
 ``skyrl_gym/<ID>``               SkyRL-gym, one dataset row a task (``data=PATH``)      ``skyrl-gym``       end
+``openenv/<NAME>``               an OpenEnv server, over its protocol (``url=URL``)     ``websockets``      act
 ===============================  =====================================================  ==================  ========
 
 ``cut_turn`` (:class:`agentenv.core.Env`) is what a reply cut by the per-turn token budget does: in a
 game (``act``) it is still played as the move and the game goes on; in a single graded answer
 (``end``) it ends the episode ungraded. gymnasium and reasoning-gym are core dependencies; gem-llm,
-textarena and skyrl-gym come with the ``[gem]``, ``[textarena]`` and ``[skyrl]`` extras.
+textarena and skyrl-gym come with the ``[gem]``, ``[textarena]`` and ``[skyrl]`` extras; the OpenEnv
+client (``websockets``, ``httpx``) with ``[openenv]``, while the OpenEnv server runs in its own Python
+environment.
 
 .. [1] GEM's ids outside ``game:`` (math, QA: one graded answer) are ``end``.
 
@@ -100,11 +103,19 @@ ADAPTERS: tuple[Adapter, ...] = (
         "skyrl-gym",
         "SkyRL-gym {} (skyrl-gym); tasks from a SkyRL dataset file: env.kwargs.data=PATH",
     ),
+    Adapter(
+        "openenv/",
+        "agentenv.adapters.openenv_env:OpenEnvEnv",
+        "websockets",
+        "websockets",
+        "OpenEnv server {}: env.kwargs.url=http://HOST:PORT",
+    ),
 )
 
 #: Rows ``agentenv envs`` prints for ids that are patterns, not a list: ``(pattern, description)``.
 PATTERNS: tuple[tuple[str, str], ...] = (
     ("gym/<ID>", "any Gymnasium environment with spaces.Text observation and action spaces"),
+    ("openenv/<NAME>", "an OpenEnv environment server, played over its protocol: env.kwargs.url=http://HOST:PORT"),
 )
 
 
@@ -141,7 +152,7 @@ def resolve(env_id: str) -> EnvSpec | None:
 def add_peers() -> None:
     """The ``agentenv.envs`` entry point of agentenv itself: the peers' ids resolve on first use (:func:`resolve`)."""
     add_resolver("peers", Resolver(resolve, "peers' ids: gym/ID, reasoning_gym/FAMILY, reasoning_gym_tool/FAMILY, "
-                                            "gem/ID, textarena/ID, skyrl_gym/ID"))
+                                            "gem/ID, textarena/ID, skyrl_gym/ID, openenv/NAME"))
 
 
 def listed_ids(adapter: Adapter) -> list[str]:
