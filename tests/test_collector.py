@@ -240,3 +240,34 @@ def test_constructor_errors():
             RolloutCollector(*args, print, **kw)
     with pytest.raises(ConfigError):
         RolloutCollector(*args, None)
+
+
+class HeldEngine(ScriptedEngine):
+    """Replies "done" once ``release`` is set: episodes stay in flight until then."""
+
+    def __init__(self) -> None:
+        super().__init__(["done"])
+        self.release = asyncio.Event()
+
+    async def generate(self, prompt_ids, params):
+        await self.release.wait()
+        return await super().generate(prompt_ids, params)
+
+
+async def test_episodes_in_flight_count_against_the_pools_cap():
+    """Admission on waiting + in flight (the trainer's rule): the pool never holds more than the cap."""
+    out: list = []
+    engine = HeldEngine()
+    c = _collector(CountdownEnv, engine, out, concurrency=4, admit=lambda: len(out) + c.in_flight < 6)
+    await c.start()
+    await _until(lambda: c.in_flight == 4)
+    assert out == [] and c.episodes_started == 4
+    engine.release.set()
+    await _until(lambda: len(out) == 6)
+    await asyncio.sleep(0.2)  # the workers keep asking; none may start another episode
+    assert len(out) == 6 and c.in_flight == 0 and c.episodes_started == 6
+    out.clear()  # the learner took a batch: play resumes up to the cap again
+    await _until(lambda: len(out) == 6)
+    await c.stop()
+    assert c.in_flight == 0 and c.episodes_started == 12
+    await c.close()

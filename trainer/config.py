@@ -103,7 +103,9 @@ class RunConfig:
     concurrency: int = 8
     """Episodes in flight at once."""
     max_pool_size: int = 64
-    """Back-pressure: no new episode starts while this many trajectories wait in the pool."""
+    """Back-pressure: no new episode starts while this many trajectories wait in the pool or are being
+    played (episodes in flight count one each), so the pool never holds more. Above ``batch_size``
+    by ``concurrency`` the engine plays the next batch while the learner steps."""
     checkpoint_every: int = 10
     """Updates between checkpoints (a final one is always written)."""
     entropy_probe: int = 4

@@ -278,7 +278,7 @@ async def _open(cfg: TrainConfig, run_dir: Path, parts: LoopParts, resume: bool,
         concurrency=cfg.run.concurrency,
         version_fn=lambda: learner.version,
         first_seed=cfg.run.seed * 1_000_003,
-        admit=lambda: len(pool) < cfg.run.max_pool_size,
+        admit=lambda: len(pool) + collector.in_flight < cfg.run.max_pool_size,
         group_size=group_size,
         failure_limit=failure_limit(cfg.run.concurrency),
     )

@@ -146,6 +146,7 @@ class RolloutCollector:
     Attributes:
         episodes_started / episodes_finished: Episodes begun / ended (good or failed; cancelled
             ones are not finished).
+        in_flight: Episodes being played now (a cancelled one stops counting when it is cancelled).
         episodes_failed: Finished episodes that failed (each attempt counts; also ``errors``).
         episodes_retried: Failed episodes that were replayed.
         episodes_requeued: Episodes cut by an engine that died and was rebuilt (``info["requeue"]``):
@@ -217,6 +218,7 @@ class RolloutCollector:
         self._stopping = False
         self.episodes_started = 0
         self.episodes_finished = 0
+        self.in_flight = 0
         self.episodes_failed = 0
         self.episodes_retried = 0
         self.episodes_requeued = 0
@@ -245,8 +247,7 @@ class RolloutCollector:
         Example: ``"16 episodes in flight, 40 finished, 38 delivered, 2 failed (2 past a deadline);
         failure streak 2; last error: straggler: episode deadline of 650 s passed in env"``.
         """
-        in_flight = self.episodes_started - self.episodes_finished
-        line = (f"{in_flight} episodes in flight, {self.episodes_finished} finished, {self.episodes_delivered} "
+        line = (f"{self.in_flight} episodes in flight, {self.episodes_finished} finished, {self.episodes_delivered} "
                 f"delivered, {self.episodes_failed} failed ({self.stragglers} past a deadline); "
                 f"failure streak {self.failure_streak}")
         return line + (f"; last error: {self.last_error}" if self.last_error else "")
@@ -349,6 +350,7 @@ class RolloutCollector:
         back to be played again).
         """
         self.episodes_started += 1
+        self.in_flight += 1
         try:
             samples = await run_episode_samples(self._envs[slot], self._engine, self._renderer, self._cfg,
                                                 seed=group.seed, version_fn=self._version_fn,
@@ -360,6 +362,8 @@ class RolloutCollector:
             raise
         except Exception as exc:  # run_episode_samples records failures itself; this guards against the rest
             samples = [Trajectory(status="error", info={"error": f"{type(exc).__name__}: {exc}"})]
+        finally:
+            self.in_flight -= 1
         self.episodes_finished += 1
         self.stragglers += bool(samples[-1].info.get("straggler"))
         for traj in samples:

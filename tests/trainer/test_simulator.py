@@ -200,16 +200,21 @@ def test_hand_computed_shared_compute():
 
 
 def test_hand_computed_back_pressure():
-    # Two slots, B = 1, at most one trajectory waiting; 100 tokens at 10 tok/s, a 30 s step.
-    # t 10: episodes 1, 2 complete; 1 is taken at once (its slot restarts as episode 3), 2 waits, its
-    # slot idles. t 20: episode 3 completes; the pool holds 2 already: that slot idles too. Steps end at
-    # 40 (2 taken: WS 1) and 70 (3 taken: WS 2; both slots restart); episode 4 completes at 80.
+    # Two slots, B = 1, at most one trajectory waiting or playing; 100 tokens at 10 tok/s, a 30 s step.
+    # One episode plays at a time: episode 1 plays 0-10 and is taken at once (WS 0); episode 2 plays
+    # 10-20 and waits through the step; at 40 it is taken (WS 1) and episode 3 plays 40-50; at 70 the
+    # second step ends, episode 3 is taken (WS 1: it completed at version 1) and episode 4 plays 70-80.
     cfg = SimConfig(policy="none", batch_size=1, concurrency=2, num_trajectories=4, tokens_mean=100,
                     tokens_sigma=0.0, turns_mean=1.0, decode_base_s=0.1, decode_per_seq_s=0.0,
                     train_step_s=30.0, weight_sync_s=0.0, max_pool_size=1)
     r = simulate(cfg)
-    np.testing.assert_allclose(r.ws, [0.0, 1.0, 2.0])
+    np.testing.assert_allclose(r.ws, [0.0, 1.0, 1.0])
     assert r.sim_time_s == pytest.approx(80.0) and r.updates == 2
+    # a cap of 2: both slots play 0-10; episode 1 is taken at 10 and episode 3 takes its place (10-20)
+    # while episode 2 waits; the step ends at 40: episode 2 taken (WS 1), episode 4 plays 40-50
+    two = simulate(replace(cfg, max_pool_size=2))
+    np.testing.assert_allclose(two.ws, [0.0, 1.0])
+    assert two.sim_time_s == pytest.approx(50.0) and two.updates == 1
     unbounded = simulate(replace(cfg, max_pool_size=None))
     assert unbounded.sim_time_s == pytest.approx(20.0)  # the slots never idle: 4 episodes by t = 20
 

@@ -3,8 +3,8 @@
 What is modelled (all times in seconds, lengths in tokens, versions in optimizer steps):
 
 * ``concurrency`` episodes are in flight (asynchronous policies; a finished slot starts a new episode
-  at once, unless ``max_pool_size`` trajectories wait in the pool: then it starts after the next
-  selection). An episode has ``1 + Poisson(turns_mean - 1)`` turns; its policy tokens are lognormal
+  at once, unless ``max_pool_size`` trajectories wait in the pool or play, as in the trainer: then it
+  starts once a selection made room). An episode has ``1 + Poisson(turns_mean - 1)`` turns; its policy tokens are lognormal
   (mean ``tokens_mean``) split evenly over the turns; between turns a tool call takes a lognormal
   latency (mean ``tool_latency_mean_s``) and returns ``obs_tokens`` environment tokens. An
   :class:`EpisodeSample` (lengths measured in a real run) replaces the lognormal and Poisson draws.
@@ -389,10 +389,15 @@ class _Sim:
             if self.sync_started < cfg.batch_size:
                 self.sync_started += 1
                 self.start_episode(slot)
-        elif cfg.max_pool_size is not None and len(self.pool) >= cfg.max_pool_size:
+        elif not self.room():
             self.idle.append(slot)
         else:
             self.start_episode(slot)
+
+    def room(self) -> bool:
+        """Whether back-pressure lets one more episode start: waiting plus playing below ``max_pool_size``."""
+        cap = self.cfg.max_pool_size
+        return cap is None or len(self.pool) + len(self.episodes) < cap
 
     def scorer(self, trajs: list[Trajectory]) -> list[np.ndarray]:
         """Simulated current log-probs: mu - drift_scale * (v_now - v_t) * eps_i per policy token."""
@@ -433,18 +438,19 @@ class _Sim:
             self.train_left = cfg.train_step_s
 
     def restart_idle(self) -> None:
-        """Slots held back by back-pressure start again once the pool is below ``max_pool_size``."""
-        if self.idle and (self.cfg.max_pool_size is None or len(self.pool) < self.cfg.max_pool_size):
-            idle, self.idle = self.idle, []
-            for slot in idle:
-                self.start_episode(slot)
+        """Slots held back by back-pressure start again, one by one while there is room (:meth:`room`)."""
+        while self.idle and self.room():
+            self.start_episode(self.idle.pop(0))
 
     # -- main loop --------------------------------------------------------------------------------
     def run(self) -> SimResult:
         cfg = self.cfg
         first = min(cfg.concurrency, cfg.batch_size) if self.sync else cfg.concurrency
         for slot in range(first):
-            self.start_episode(slot)
+            if self.sync or self.room():
+                self.start_episode(slot)
+            else:
+                self.idle.append(slot)
         self.sync_started = first
         while self.completed < cfg.num_trajectories and not self.batches_done():
             r = self.rate()
