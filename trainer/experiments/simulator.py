@@ -4,9 +4,10 @@ What is modelled (all times in seconds, lengths in tokens, versions in optimizer
 
 * ``concurrency`` episodes are in flight (asynchronous policies; a finished slot starts a new episode
   at once, unless ``max_pool_size`` trajectories wait in the pool or play, as in the trainer: then it
-  starts once a selection made room). An episode has ``1 + Poisson(turns_mean - 1)`` turns; its policy tokens are lognormal
-  (mean ``tokens_mean``) split evenly over the turns; between turns a tool call takes a lognormal
-  latency (mean ``tool_latency_mean_s``) and returns ``obs_tokens`` environment tokens. An
+  starts once a selection made room). An episode has ``1 + Poisson(turns_mean - 1)`` turns; its
+  policy tokens are lognormal (mean ``tokens_mean``) split evenly over the turns; between turns a
+  tool call takes a lognormal latency (mean ``tool_latency_mean_s``) and returns ``obs_tokens``
+  environment tokens. An
   :class:`EpisodeSample` (lengths measured in a real run) replaces the lognormal and Poisson draws.
 * One engine decodes every generating sequence together, one token each per decode step, and a step
   with ``n`` sequences takes ``decode_base_s + decode_per_seq_s * n`` seconds (batched decoding: a
