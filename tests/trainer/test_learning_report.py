@@ -19,7 +19,7 @@ def test_reward_holds_compares_the_last_quarter_with_the_second():
     # the collapse the default once showed: .56 .38 .44 .50 .69 .56 .75 .81 .31 .31 .38 .44
     assert not reward_holds([.56, .38, .44, .50, .69, .56, .75, .81, .31, .31, .38, .44])
     assert reward_holds([0, 0, 0, 0, 0])  # n = 5: quarters of 2, updates 3-4 against 4-5
-    with pytest.raises(DataError, match="at least 4 updates"):
+    with pytest.raises(DataError, match="at least 4 batches"):
         reward_holds([1, 1, 1])
 
 
@@ -89,6 +89,22 @@ def test_the_exact_policy_entropy_is_read_where_the_run_logs_it(tmp_path):
     assert probed.entropy_key == "probe/policy_entropy"
     assert probed.entropy_ratio == pytest.approx(0.11 / 0.09)
     assert probed.entropies == pytest.approx([.10, .09, .11, .10])
+
+
+def test_batches_without_a_step_count_in_the_reward_check(tmp_path):
+    """All-correct batches take no step (every advantage 0); leaving them out would read a climb as a fall."""
+    before, after = [0, 1] * 5, [1, 1] * 5
+    # 8 stepped updates; batches 9 and 10 (all correct, no step) come at the end
+    run = _run(tmp_path / "s0", 0, [.2, .3, .7, .8, .7, .6, .6, .6], [.1] * 8, before, after)
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    rows += [{"update": 8, "reward/mean": 1.0, "learner/stepped": 0.0}] * 2
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    report = read_run(run)
+    assert report.updates == 8 and len(report.entropies) == 8  # updates are the stepped batches
+    assert report.rewards == [.2, .3, .7, .8, .7, .6, .6, .6, 1.0, 1.0]
+    # quarters of 3 batches: the second (.8, .7, .6) against the last (.6, 1, 1): holds; the stepped
+    # updates alone (quarters of 2: .7, .8 against .6, .6) would read a fall
+    assert report.reward_holds and not reward_holds([.2, .3, .7, .8, .7, .6, .6, .6])
 
 
 def test_a_folder_that_is_not_a_finished_run_is_a_clear_error(tmp_path, capsys):

@@ -6,16 +6,18 @@ Reads finished ``agentenv train`` run folders (``metrics.jsonl``, ``eval_before.
     python -m agentenv.trainer.experiments.learning_report RUN [RUN ...] [--out DIR]
 
 prints a Markdown table (one row per run, then mean, sd, min and max over runs) and, with
-``--out``, writes ``report.json`` and ``curves.png`` (batch reward and entropy per update, every
+``--out``, writes ``report.json`` and ``curves.png`` (reward per batch and entropy per update, every
 run overlaid) there.
 
 Per run: held-out success before and after, the paired 95% interval of the change (bootstrap over
 tasks, :func:`agentenv.trainer.experiments.significance.paired_bootstrap`), and two collapse checks on the
 per-update logs:
 
-* **reward holds**: the mean batch reward over the last quarter of the updates is at least the mean
-  over the second quarter (quarters of ``ceil(n / 4)`` updates; the last quarter is the last
-  ``ceil(n / 4)``);
+* **reward holds**: the mean batch reward over the last quarter of the run's batches is at least the
+  mean over the second quarter (quarters of ``ceil(n / 4)`` batches; the last quarter is the last
+  ``ceil(n / 4)``). Every batch counts, also one that took no step because all its rewards were equal:
+  leaving those out would drop the all-correct batches of a run's end and the all-wrong ones of its
+  start, a bias against the check that grows as the batch shrinks;
 * **entropy bounded**: from update 3 on, the policy's entropy on the batch never exceeds 3 x its
   running minimum (the minimum over updates 1..u); the largest such ratio is reported. The entropy
   read is the first of :data:`ENTROPY_KEYS` the run logs: ``probe/policy_entropy`` (the exact
@@ -67,8 +69,8 @@ class RunReport:
     delta: float
     low: float
     high: float
-    rewards: list[float]
-    entropies: list[float]
+    rewards: list[float]  # per batch, stepped or not
+    entropies: list[float]  # per update
     entropy_key: str
     reward_holds: bool
     entropy_ratio: float
@@ -87,11 +89,11 @@ def reward_holds(rewards: Sequence[float]) -> bool:
     """Mean of the last quarter of ``rewards`` >= mean of the second quarter (see the module docstring).
 
     Raises:
-        DataError: Fewer than 4 updates (no quarters to compare).
+        DataError: Fewer than 4 batches (no quarters to compare).
     """
     n = len(rewards)
     if n < 4:
-        raise DataError(f"the collapse check needs at least 4 updates, got {n}")
+        raise DataError(f"the collapse check needs at least 4 batches, got {n}")
     q = math.ceil(n / 4)
     return statistics.fmean(rewards[-q:]) >= statistics.fmean(rewards[q : 2 * q])
 
@@ -120,12 +122,13 @@ def read_run(run: Path | str) -> RunReport:
     for what, path in paths.items():
         if not path.is_file():
             raise DataError(f"{run}: no {path.name} (a {what} record); is it a finished training run?")
-    rows = [json.loads(line) for line in paths["metrics"].read_text().splitlines() if line.strip()]
-    rows = [r for r in rows if r.get("learner/stepped", 1)]  # batches without a step are not updates
+    batches = [json.loads(line) for line in paths["metrics"].read_text().splitlines() if line.strip()]
+    batches = [r for r in batches if "reward/mean" in r]
+    rows = [r for r in batches if r.get("learner/stepped", 1)]  # batches without a step are not updates
     before = json.loads(paths["before"].read_text())
     after = json.loads(paths["after"].read_text())
     interval = paired_bootstrap(before["outcomes"], after["outcomes"])
-    rewards = [float(r["reward/mean"]) for r in rows]
+    rewards = [float(r["reward/mean"]) for r in batches]
     # the fixed probe where the run logs it, else the batch's exact entropy, else the one-sample -log mu
     key = next((k for k in ENTROPY_KEYS if any(r.get(k) is not None for r in rows)), ENTROPY_KEYS[-1])
     entropies = [math.nan if r.get(key) is None else float(r[key]) for r in rows]  # NaN is written as null
@@ -171,19 +174,19 @@ def aggregate(reports: Sequence[RunReport]) -> dict[str, Any]:
 
 
 def plot_curves(reports: Sequence[RunReport], path: Path) -> Path:
-    """Batch reward and entropy (:attr:`RunReport.entropy_key`) per update, every run overlaid, as one PNG."""
+    """Reward per batch and entropy (:attr:`RunReport.entropy_key`) per update, every run overlaid, as one PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6))
     for r in reports:
-        xs = list(range(1, r.updates + 1))
         label = r.run if r.seed is None else f"seed {r.seed}"
-        top.plot(xs, r.rewards, marker="o", ms=3, label=label)
-        bottom.plot(xs, r.entropies, marker="o", ms=3, label=label)
+        top.plot(range(1, len(r.rewards) + 1), r.rewards, marker="o", ms=3, label=label)
+        bottom.plot(range(1, r.updates + 1), r.entropies, marker="o", ms=3, label=label)
     top.set_ylabel("batch reward (mean)")
+    top.set_xlabel("batch (with or without a step)")
     top.set_ylim(-0.02, 1.02)
     top.legend(fontsize=8, ncol=2)
     keys = sorted({r.entropy_key.replace("_", " ") for r in reports})
