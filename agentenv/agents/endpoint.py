@@ -7,7 +7,8 @@ Routes (``base_url`` is ``http://127.0.0.1:PORT/v1``):
   model's own format into ``message.tool_calls``), as a body or, with ``stream=true``, as server-sent
   events (:mod:`agentenv.agents.openai_format`); ``tool_choice`` (``none``, ``auto``, ``required``, a
   named function: the call's opening is forced), ``logprobs`` (the behaviour log-probabilities) and
-  ``n`` (each choice its own sample) are honoured. The session is the API key: an agent is given ``api_key=SESSION_ID``
+  ``n`` (each choice its own sample) are honoured, as is ``top_logprobs``. The session is the API key:
+  an agent is given ``api_key=SESSION_ID``
   (``OPENAI_API_KEY``), so an unmodified ``openai`` client program works.
 * ``POST /v1/responses``: the Responses API, translated to the same session
   (:mod:`agentenv.agents.responses_api`), as a ``response`` object or its typed event stream.
@@ -16,7 +17,8 @@ Bad input is an OpenAI-style error body ``{"error": {"message", "type", "param",
 server keeps serving: an unknown model (404 ``model_not_found``), no API key (401 ``missing_api_key``),
 a session that does not exist (404 ``session_not_found``) or has ended (409 ``session_closed``), a
 malformed body, messages, tools or ``tool_choice`` (400), a ``max_tokens`` beyond the episode's budget
-(400 ``max_tokens_exceeded``), ``n`` outside 1-8 (400), ``top_logprobs`` above 0 (400 ``unsupported_value``).
+(400 ``max_tokens_exceeded``), ``n`` outside 1-8 or ``top_logprobs`` outside 0-20 or without ``logprobs``
+(400).
 A request is refused before anything is streamed, so an error is always a status and an error body.
 The endpoint binds loopback only: the agents are this process's episodes.
 """

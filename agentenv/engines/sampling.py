@@ -34,6 +34,7 @@ __all__ = [
     "label_logprobs",
     "processed_logprobs",
     "sample",
+    "top_alternatives",
     "truncation_mask",
     "validate_params",
 ]
