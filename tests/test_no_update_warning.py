@@ -44,6 +44,7 @@ def test_the_progress_report_counts_episodes_and_names_the_last_error():
     collector = RolloutCollector(CountdownEnv, ScriptedEngine(["done"]), CharRenderer(), RolloutConfig(),
                                  lambda t: None, concurrency=2)
     collector.episodes_started, collector.episodes_finished, collector.episodes_delivered = 7, 5, 3
+    collector.in_flight = 2
     collector.episodes_failed, collector.stragglers, collector.failure_streak = 2, 1, 2
     collector.last_error = "straggler: episode deadline of 650 s passed in env"
     assert collector.progress_report() == (
