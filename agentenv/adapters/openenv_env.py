@@ -189,6 +189,9 @@ class OpenEnvEnv(Env[str, str]):
             self._socket = await self._connect()
         try:
             await self._socket.send(json.dumps({"type": kind, "data": dict(data)}))
+        except Exception:  # closed: a server that refuses a session says why, then closes; read it below
+            pass
+        try:
             raw = await asyncio.wait_for(self._socket.recv(), self._timeout)
             answer = json.loads(raw)
         except (asyncio.TimeoutError, TimeoutError) as exc:
@@ -213,6 +216,9 @@ class OpenEnvEnv(Env[str, str]):
                 return {"refused": f"{message}: {json.dumps(body.get('errors', []), default=str):.500}"}
             if code in ("CAPACITY_REACHED", "SESSION_ERROR", "FACTORY_ERROR"):
                 await self._drop()
+            if code == "CAPACITY_REACHED":
+                message += (" (the server plays at most that many episodes at once: lower run.concurrency or "
+                            "eval's --concurrency to it, or start the server with more)")
             raise RemoteEnvError(f"openenv {self.name}: the server answered {kind!r} with {code}: {message}",
                                  kind=_KINDS.get(code, "internal"))
         if answer.get("type") != "observation" or not isinstance(body.get("observation"), dict):

@@ -7,6 +7,7 @@ of OpenEnv.
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -87,6 +88,22 @@ async def test_failures_outside_the_policy_raise_and_the_next_reset_recovers(ser
     await env.reset(options={"task": 1})
     assert (await env.step('{"guess": 2}')).reward == 1.0
     await env.close()
+    full = [OpenEnvEnv("guess", url=servers["guess"]) for _ in range(5)]  # the server holds 4 sessions
+    for env in full[:4]:
+        await env.reset(options={"task": 0})
+    with pytest.raises(RemoteEnvError, match="CAPACITY_REACHED.*lower run.concurrency") as err:
+        await full[4].reset(options={"task": 0})
+    assert err.value.kind == "capacity"
+    await full[0].close()  # a session ends: there is room again, once the server has let it go
+    for attempt in range(50):
+        try:
+            await full[4].reset(options={"task": 0})
+            break
+        except RemoteEnvError as exc:
+            assert exc.kind == "capacity" and attempt < 49
+            await asyncio.sleep(0.1)
+    for env in full[1:]:
+        await env.close()
     gone = OpenEnvEnv("guess", url=f"http://127.0.0.1:{openenv_launch.free_port()}", timeout_s=5)
     with pytest.raises(RemoteEnvError, match="schema failed"):
         await gone.reset(options={"task": 0})
