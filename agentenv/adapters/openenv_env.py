@@ -17,7 +17,8 @@ The mapping onto agentenv's contract:
   (``action_field`` names the field otherwise). Any other action is the reply read as one JSON object
   (the system prompt gives the schema). A reply that is not one, or that the server's schema refuses
   (``VALIDATION_ERROR``), is the policy's mistake: it is answered with an error observation, reward
-  0, and the episode goes on (it counts a step).
+  0, and the episode goes on (it counts a step), until ``max_refused`` such replies in a row cut it
+  (``truncated``): a server's own limits count only the actions it takes.
 * **Observation.** The observation's fields (OpenEnv leaves ``reward``, ``done`` and ``metadata`` out
   of them): one field is its text; several are their JSON (``observation_field`` picks one).
 * **Reward and end.** Each step's ``reward`` (``null`` is 0); ``done`` is ``terminated``.
@@ -114,10 +115,11 @@ class OpenEnvEnv(Env[str, str]):
             fields as JSON).
         num_tasks: Reset seeds ``0 .. num_tasks - 1`` are the tasks.
         timeout_s: Longest wait for the server's answer to one message (seconds).
+        max_refused: Replies in a row that are not a valid action before the episode is cut.
 
     Raises:
-        ConfigError: No ``url``, a URL that is not http(s)/ws(s), ``num_tasks`` or ``timeout_s`` below 1
-            or not positive.
+        ConfigError: No ``url``, a URL that is not http(s)/ws(s), ``num_tasks`` or ``max_refused`` below
+            1, ``timeout_s`` not positive.
     """
 
     observation_space = text_space(1 << 17)
@@ -125,12 +127,16 @@ class OpenEnvEnv(Env[str, str]):
     cut_turn = "act"  # a cut reply is still played: an action the server refuses, answered as such
 
     def __init__(self, name: str, *, url: str | None = None, action_field: str | None = None,
-                 observation_field: str | None = None, num_tasks: int = 1000, timeout_s: float = 60.0) -> None:
+                 observation_field: str | None = None, num_tasks: int = 1000, timeout_s: float = 60.0,
+                 max_refused: int = 3) -> None:
         if not url:
             raise ConfigError(f"{PREFIX}{name} plays an OpenEnv server: pass its address, url=http://HOST:PORT "
                               f"(env.kwargs.url=... on the command line)")
         if num_tasks < 1:
             raise ConfigError(f"openenv: num_tasks must be >= 1, got {num_tasks}")
+        if max_refused < 1:
+            raise ConfigError(f"openenv: max_refused must be >= 1, got {max_refused}")
+        self._max_refused, self._refused = max_refused, 0
         if not timeout_s > 0:
             raise ConfigError(f"openenv: timeout_s must be > 0, got {timeout_s}")
         self.name, self.url, self._ws_url = name, url, _ws_url(url)
@@ -261,7 +267,7 @@ class OpenEnvEnv(Env[str, str]):
         elif not 0 <= int(index) < len(self._tasks.ids):
             raise ConfigError(f"{PREFIX}{self.name}: task index {index} out of range [0, {len(self._tasks.ids)})")
         body = await self._ask("reset", {"seed": int(index)})
-        self._task_id, self._done = self._tasks.ids[int(index)], bool(body.get("done"))
+        self._task_id, self._done, self._refused = self._tasks.ids[int(index)], bool(body.get("done")), 0
         return observation_text(body["observation"], self._obs_field), {"task_id": self._task_id, "seed": int(index)}
 
     async def step(self, action: str) -> StepResult[str]:
@@ -270,7 +276,8 @@ class OpenEnvEnv(Env[str, str]):
         Returns:
             The observation's text, the step's reward (null: 0), ``terminated = done``, ``truncated =
             False``; ``info``: ``task_id``, and ``action_error`` when the reply was not a valid action
-            (then the observation says why, the reward is 0 and the episode goes on).
+            (then the observation says why, the reward is 0, and the episode goes on unless it was the
+            ``max_refused``-th such reply in a row: then ``truncated``).
 
         Raises:
             ResetNeeded: No episode is running.
@@ -280,13 +287,16 @@ class OpenEnvEnv(Env[str, str]):
             raise ResetNeeded("call reset() before step() (the episode is over or never started)")
         info: dict[str, Any] = {"task_id": self._task_id}
         data = {self._field: action} if self._field is not None else parse_action(action)
-        if isinstance(data, str):
-            info["action_error"] = data
-            return StepResult(f"Invalid action: {data}.", 0.0, False, False, info)
-        body = await self._ask("step", data)
-        if "refused" in body:
-            info["action_error"] = body["refused"]
-            return StepResult(f"Invalid action: {body['refused']}", 0.0, False, False, info)
+        refused = data if isinstance(data, str) else None
+        if refused is None:
+            body = await self._ask("step", data)
+            refused = body.get("refused")
+        if refused is not None:
+            info["action_error"] = refused
+            self._refused += 1
+            self._done = self._refused >= self._max_refused  # cut: truncated, not terminated
+            return StepResult(f"Invalid action: {refused.rstrip('.')}.", 0.0, False, self._done, info)
+        self._refused = 0
         self._done = bool(body.get("done"))
         reward = body.get("reward")
         return StepResult(observation_text(body["observation"], self._obs_field),

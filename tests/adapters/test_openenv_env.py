@@ -69,6 +69,12 @@ async def test_a_reply_that_is_no_valid_action_is_the_policys_mistake(servers) -
         assert (r.reward, r.terminated) == (0.0, False)
         r = await env.step('{"guess": 3}')  # refused actions did not spend a guess on the server
         assert (json.loads(r.observation), r.reward) == ({"feedback": "correct", "guesses_left": 3}, 1.0)
+        # the server's 4 guesses count only actions it takes: 3 refused replies in a row cut the episode
+        await env.reset(options={"task": 2})
+        steps = [await env.step(reply) for reply in ("no", '{"guess": 1}', "no", "no", "no")]
+        assert [(r.terminated, r.truncated) for r in steps] == [(False, False)] * 4 + [(False, True)]
+        with pytest.raises(ResetNeeded):
+            await env.step('{"guess": 3}')
 
 
 async def test_a_one_string_action_takes_the_reply_whole(servers) -> None:
@@ -137,6 +143,8 @@ async def test_bad_configuration_is_refused_with_what_is_wrong(servers) -> None:
     env = OpenEnvEnv("guess", url=servers["guess"], action_field="answer")
     with pytest.raises(ConfigError, match=r"no field 'answer' \(its fields: \['guess', 'metadata'\]\)"):
         await env.reset(options={"task": 0})
+    with pytest.raises(ConfigError, match="max_refused must be >= 1"):
+        OpenEnvEnv("guess", url=servers["guess"], max_refused=0)
     with pytest.raises(ConfigError, match="out of range"):
         await OpenEnvEnv("guess", url=servers["guess"], num_tasks=3).reset(options={"task": 3})
 
