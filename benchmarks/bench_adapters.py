@@ -192,6 +192,7 @@ async def case_openenv(args) -> tuple[list[float], list[float]]:
     """
     from websockets.asyncio.client import connect
 
+    from agentenv.adapters.openenv_env import session_url
     from tests.adapters import openenv_launch
 
     try:
@@ -202,7 +203,7 @@ async def case_openenv(args) -> tuple[list[float], list[float]]:
         env = agentenv.make("openenv/echo", url=urls["echo"])
         step = json.dumps({"type": "step", "data": {"message": "wrong"}})
         d, a = [], []
-        async with connect(urls["echo"].replace("http", "ws") + "/ws") as direct:
+        async with connect(session_url(urls["echo"])) as direct:
             for ep in range(args.episodes):
                 await direct.send(json.dumps({"type": "reset", "data": {"seed": ep}}))
                 await direct.recv()

@@ -51,7 +51,7 @@ _KINDS = {"EXECUTION_ERROR": "env_error", "CAPACITY_REACHED": "capacity", "INVAL
 """OpenEnv's error codes -> :class:`~agentenv.errors.RemoteEnvError` kinds (others: ``internal``)."""
 
 
-def _ws_url(url: str) -> str:
+def session_url(url: str) -> str:
     """``http(s)://HOST:PORT[/PATH]`` -> ``ws(s)://HOST:PORT[/PATH]/ws``.
 
     Raises:
@@ -139,7 +139,7 @@ class OpenEnvEnv(Env[str, str]):
         self._max_refused, self._refused = max_refused, 0
         if not timeout_s > 0:
             raise ConfigError(f"openenv: timeout_s must be > 0, got {timeout_s}")
-        self.name, self.url, self._ws_url = name, url, _ws_url(url)
+        self.name, self.url, self._ws_url = name, url, session_url(url)
         self._field, self._obs_field = action_field, observation_field
         self._timeout = float(timeout_s)
         self._tasks = TaskSet(tuple(f"{name}/seed-{i}" for i in range(num_tasks)), (name,) * num_tasks)
@@ -201,20 +201,13 @@ class OpenEnvEnv(Env[str, str]):
             raw = await asyncio.wait_for(self._socket.recv(), self._timeout)
             answer = json.loads(raw)
         except (asyncio.TimeoutError, TimeoutError) as exc:
-            await self._drop()
-            raise RemoteEnvError(f"openenv {self.name}: no answer to {kind!r} within {self._timeout:g} s",
-                                 kind="timeout") from exc
+            raise await self._broken(f"no answer to {kind!r} within {self._timeout:g} s", "timeout") from exc
         except (json.JSONDecodeError, TypeError) as exc:
-            await self._drop()
-            raise RemoteEnvError(f"openenv {self.name}: the answer to {kind!r} is not JSON", kind="protocol") from exc
+            raise await self._broken(f"the answer to {kind!r} is not JSON", "protocol") from exc
         except Exception as exc:  # the connection closed (websockets' ConnectionClosed) or broke
-            await self._drop()
-            raise RemoteEnvError(f"openenv {self.name}: the session broke during {kind!r}: {exc!r}",
-                                 kind="unreachable") from exc
+            raise await self._broken(f"the session broke during {kind!r}: {exc!r}", "unreachable") from exc
         if not isinstance(answer, dict) or not isinstance(answer.get("data"), dict):
-            await self._drop()
-            raise RemoteEnvError(f"openenv {self.name}: the answer to {kind!r} is not the protocol: {str(answer):.200}",
-                                 kind="protocol")
+            raise await self._broken(f"the answer to {kind!r} is not the protocol: {str(answer):.200}", "protocol")
         body = answer["data"]
         if answer.get("type") == "error":
             code, message = body.get("code"), body.get("message", "")
@@ -228,10 +221,13 @@ class OpenEnvEnv(Env[str, str]):
             raise RemoteEnvError(f"openenv {self.name}: the server answered {kind!r} with {code}: {message}",
                                  kind=_KINDS.get(code, "internal"))
         if answer.get("type") != "observation" or not isinstance(body.get("observation"), dict):
-            await self._drop()
-            raise RemoteEnvError(f"openenv {self.name}: the answer to {kind!r} is not an observation: "
-                                 f"{str(answer):.200}", kind="protocol")
+            raise await self._broken(f"the answer to {kind!r} is not an observation: {str(answer):.200}", "protocol")
         return body
+
+    async def _broken(self, message: str, kind: str) -> RemoteEnvError:
+        """End the session (the next reset opens a new one) and return the error to raise."""
+        await self._drop()
+        return RemoteEnvError(f"openenv {self.name}: {message}", kind=kind)
 
     async def _drop(self) -> None:
         socket, self._socket = self._socket, None
