@@ -12,7 +12,9 @@ and in a worker thread, its default), ``gem`` (GEM ``game:GuessTheNumber-v0-hard
 answer extraction plus the family's verifier), ``skyrl_gym`` (``gsm8k_multi_turn``: SkyRL's grader of a
 well-formed wrong answer and its next message; the adapter runs SkyRL's step in a worker thread),
 ``openenv`` (an echo server under OpenEnv's own ``create_app``, started from .venv-openenv; the direct
-side is a raw WebSocket session sending the same step messages: the protocol's round trip).
+side is a raw WebSocket session sending the same step messages: the protocol's round trip), ``verifiers``
+(a verifiers ToolEnv in .venv-verifiers; per whole episode, not per step: verifiers' own rollout as
+its runner times it against the episode through the adapter).
 
     .venv/bin/python benchmarks/bench_adapters.py [--episodes 200] [--steps 6] [--deadline-s 120] [--only CASE ...]
 """
@@ -222,6 +224,44 @@ async def case_openenv(args) -> tuple[list[float], list[float]]:
     return d, a
 
 
+async def case_verifiers(args) -> tuple[list[float], list[float]]:
+    """The ToolEnv of tests/adapters/verifiers_envs under verifiers' own loop, in .venv-verifiers; per episode.
+
+    A scripted policy (a tool call, then the sum) plays whole episodes through ``VerifiersEnv``. Direct:
+    verifiers' own ``run_rollout`` as the runner times it (its prompt, its two model calls through the
+    endpoint, its tool, its rubric); adapter: the episode as agentenv plays it (``play_episode``: the
+    session, the request to the runner process and its answer, the record). The difference is what
+    the adapter adds per episode.
+    """
+    import os
+
+    from agentenv.adapters import verifiers_env
+    from agentenv.rollout.episode import RolloutConfig, run_episode_samples
+    from tests.adapters.test_verifiers_env import CALL, ENVS, NAME, PYTHON
+    from tests.agents.test_endpoint_stream import ScriptedReplies
+    from tests.agents.tiny import tool_renderer
+
+    if not PYTHON.is_file():
+        raise ImportError(f"no verifiers environment at {PYTHON} (bash scripts/install_verifiers.sh)")
+    os.environ["PYTHONPATH"] = str(ENVS)
+    env = verifiers_env.VerifiersEnv(NAME, python=PYTHON)
+    renderer = tool_renderer()
+    cfg = RolloutConfig(max_turns=4, max_new_tokens_per_turn=64, max_total_tokens=800)
+    engine = ScriptedReplies(renderer, [])  # one engine, as in training (a new one restarts the endpoint)
+    d, a = [], []
+    for ep in range(args.episodes + 1):
+        engine.replies += [CALL, "The sum is 5."]
+        t = time.perf_counter()
+        (row,) = await run_episode_samples(env, engine, renderer, cfg, seed=0, options={"task": 0})
+        wall = time.perf_counter() - t
+        assert row.reward == 1.0, row.info
+        if ep:  # the first starts the process
+            a.append(wall)
+            d.append(env.last_result["rollout_s"])
+    await env.close()
+    return d, a
+
+
 async def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--episodes", type=int, default=200)
@@ -238,6 +278,7 @@ async def main() -> None:
         "reasoning_gym": lambda: case_reasoning_gym(args),
         "skyrl_gym": lambda: case_skyrl_gym(args),
         "openenv": lambda: case_openenv(args),
+        "verifiers": lambda: case_verifiers(args),
     }
     if args.only:
         cases = {name: run for name, run in cases.items() if name.split(" ")[0] in args.only}

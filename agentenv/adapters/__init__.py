@@ -13,6 +13,7 @@ id                               plays                                          
 ``textarena/<ID>``               TextArena's single-player games                        ``textarena``       act
 ``skyrl_gym/<ID>``               SkyRL-gym, one dataset row a task (``data=PATH``)      ``skyrl-gym``       end
 ``openenv/<NAME>``               an OpenEnv server, over its protocol (``url=URL``)     ``websockets``      act
+``verifiers/<NAME>``             a verifiers environment's own rollout loop and rubric  ``starlette`` [2]_  agent
 ===============================  =====================================================  ==================  ========
 
 ``cut_turn`` (:class:`agentenv.core.Env`) is what a reply cut by the per-turn token budget does: in a
@@ -20,9 +21,11 @@ game (``act``) it is still played as the move and the game goes on; in a single 
 (``end``) it ends the episode ungraded. gymnasium and reasoning-gym are core dependencies; gem-llm,
 textarena and skyrl-gym come with the ``[gem]``, ``[textarena]`` and ``[skyrl]`` extras; the OpenEnv
 client (``websockets``, ``httpx``) with ``[openenv]``, while the OpenEnv server runs in its own Python
-environment.
+environment. A verifiers environment runs in its own Python environment too (``python=PATH``, default
+``.venv-verifiers``), as an agent program against agentenv's endpoint (the ``[agents]`` extra).
 
 .. [1] GEM's ids outside ``game:`` (math, QA: one graded answer) are ``end``.
+.. [2] The endpoint's server (``[agents]``); the environment's own loop decides what a cut reply does.
 
 Ids are resolved when first asked for (:func:`resolve`, which :func:`agentenv.make` asks for an id
 the registry does not hold: agentenv's own ``agentenv.envs`` entry point, :func:`add_peers`, adds
@@ -110,12 +113,21 @@ ADAPTERS: tuple[Adapter, ...] = (
         "websockets",
         "OpenEnv server {}: env.kwargs.url=http://HOST:PORT",
     ),
+    Adapter(
+        "verifiers/",
+        "agentenv.adapters.verifiers_env:VerifiersEnv",
+        "starlette",
+        "starlette",
+        "verifiers environment {}, run by verifiers in its own Python: env.kwargs.python=PATH",
+    ),
 )
 
 #: Rows ``agentenv envs`` prints for ids that are patterns, not a list: ``(pattern, description)``.
 PATTERNS: tuple[tuple[str, str], ...] = (
     ("gym/<ID>", "any Gymnasium environment with spaces.Text observation and action spaces"),
     ("openenv/<NAME>", "an OpenEnv environment server, played over its protocol: env.kwargs.url=http://HOST:PORT"),
+    ("verifiers/<NAME>", "a verifiers environment (prime-rl's hub), its own loop and rubric, in its own Python: "
+                         "env.kwargs.python=PATH"),
 )
 
 
@@ -152,7 +164,8 @@ def resolve(env_id: str) -> EnvSpec | None:
 def add_peers() -> None:
     """The ``agentenv.envs`` entry point of agentenv itself: the peers' ids resolve on first use (:func:`resolve`)."""
     add_resolver("peers", Resolver(resolve, "peers' ids: gym/ID, reasoning_gym/FAMILY, reasoning_gym_tool/FAMILY, "
-                                            "gem/ID, textarena/ID, skyrl_gym/ID, openenv/NAME"))
+                                            "gem/ID, textarena/ID, skyrl_gym/ID, openenv/NAME, "
+                                            "verifiers/NAME"))
 
 
 def listed_ids(adapter: Adapter) -> list[str]:
