@@ -92,3 +92,36 @@ def test_budgeted_micro_batches_with_one_prefix_pass_give_the_single_pass_gradie
         assert float((g[name] - g_plain[name]).abs().max()) <= 1e-6 * float(g_plain[name].abs().max()), name
     # a system-prompt token's embedding gets its gradient only back through the prefix pass
     assert g["model.embed_tokens.weight"][trajs[0].token_ids[0]].abs().sum() > 0
+
+
+def _frozen_below(model, layers: int):
+    """``model`` with its token embedding and first ``layers`` decoder layers taking no gradient."""
+    for module in (model.get_input_embeddings(), *model.model.layers[:layers]):
+        module.requires_grad_(False)
+    return model
+
+
+def test_a_frozen_bottom_layer_gets_no_gradient_and_the_prefix_pass_still_gives_the_single_pass_gradient(
+        monkeypatch):
+    trajs = _with_system_prompt(make_trajectories(8, seed=43, turns=2), 20, seed=43)
+    scorer = Learner(tiny_model(43, dtype=torch.float64), OptimConfig(), objective=ObjectiveConfig(delta=10.0))
+    trajs = on_policy(trajs, scorer.score(trajs), noise=0.3)
+    common = dict(objective=ObjectiveConfig(delta=10.0))
+
+    plain = Learner(_frozen_below(tiny_model(43, dtype=torch.float64), 1), OptimConfig(),
+                    execution=LearnerConfig(micro_batch_size=8), **common)
+    with monkeypatch.context() as m:  # the prefix not shared: the plain padded pass
+        m.setattr(forward_module, "_can_share_prefix", lambda model: False)
+        g_plain, _ = _grads(plain, trajs)
+    shared = Learner(_frozen_below(tiny_model(43, dtype=torch.float64), 1), OptimConfig(),
+                     execution=LearnerConfig(micro_batch_size=8, max_tokens_per_micro_batch=60), **common)
+    g, _ = _grads(shared, trajs)
+
+    trained = {n for n, p in shared.model.named_parameters() if p.requires_grad}
+    assert g.keys() == g_plain.keys() == trained  # every trained weight has a gradient, no frozen one has
+    assert all(n.startswith(("model.layers.1.", "model.norm.", "lm_head.")) for n in trained)
+    for name, ref in g_plain.items():  # up to the cached attention's rounding
+        assert float((g[name] - ref).abs().max()) <= 1e-6 * float(ref.abs().max()), name
+    # AdamW holds the trained weights only
+    held = {id(p) for group in shared.optimizer.param_groups for p in group["params"]}
+    assert held == {id(p) for n, p in shared.model.named_parameters() if n in trained}

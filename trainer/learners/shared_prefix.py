@@ -57,7 +57,8 @@ class SharedPrefix:
         model(input_ids=prefix_ids.reshape(1, -1).to(device), use_cache=True, **kw)
         self._graph = [t for layer in cache.layers for t in (layer.keys, layer.values)]
         tracked = leaves and torch.is_grad_enabled() and any(t.requires_grad for t in self._graph)
-        self._kv = [t.detach().requires_grad_() for t in self._graph] if tracked else list(self._graph)
+        # a frozen layer's K/V (its weights and all below take no gradient) stays a constant, not a leaf
+        self._kv = [t.detach().requires_grad_(t.requires_grad) for t in self._graph] if tracked else list(self._graph)
         self._leaves = tracked
 
     def cache(self, rows: int) -> DynamicCache:
